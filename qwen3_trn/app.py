@@ -1,0 +1,116 @@
+"""One job, from a composed Hydra config to a finished run directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from qwen3_trn.config.schema import RunConfig
+from qwen3_trn.errors import ConfigError
+from qwen3_trn.outputs import CONFIG_FILE, claim_run_dir, write_run_files
+
+SHOW_TRACEBACK_ENV = "QWEN3_TRN_TRACEBACK"
+
+
+def to_run_config(cfg: DictConfig) -> RunConfig:
+    """The typed config. Re-merging onto the schema rejects keys added with ``+`` that the
+    schema does not have (Hydra lets ``+key=`` through a structured config)."""
+    from omegaconf.errors import ConfigKeyError, ValidationError
+
+    container = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), container)
+    except (ConfigKeyError, ValidationError) as exc:
+        key = getattr(exc, "full_key", None) or "config"
+        raise ConfigError(key, f"{str(exc).splitlines()[0]}. Remove it or check the spelling (python -m qwen3_trn --cfg job lists every key); "
+                          "torchtitan fields without a key here go under +titan.<path>=<value>.") from exc
+    return OmegaConf.to_object(merged)
+
+
+def _overrides() -> list[str]:
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def _print_summary(summary: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"qwen3_trn run {summary.get('status', '')}", show_header=False)
+    rows = [
+        ("backend / device", f"{summary.get('backend')} / {summary.get('device')}" + (f" / kernel {summary['kernel']}" if "kernel" in summary else "")),
+        ("steps", f"{summary.get('first_step')} -> {summary.get('last_step')}"),
+        ("loss first -> last", f"{summary.get('first_loss', float('nan')):.4f} -> {summary.get('last_loss', float('nan')):.4f}"),
+        ("tokens/s", f"{summary.get('tokens_per_s', 0):,.0f}"),
+        ("peak memory", f"{summary.get('peak_memory_gib', 0):.2f} GiB"),
+        ("wall time", f"{summary.get('wall_time_s', 0):.1f} s"),
+        ("outputs", str(summary.get("run_dir"))),
+    ]
+    if "mfu_pct" in summary:
+        rows.insert(4, ("MFU", f"{summary['mfu_pct']:.2f} %"))
+    for name, value in rows:
+        table.add_row(name, value)
+    Console(stderr=False).print(table)
+
+
+def _check_in_subprocess(run_dir: Path) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "qwen3_trn.rank", str(run_dir / CONFIG_FILE), "--check"],
+        capture_output=True, text=True,
+    )
+    if done.returncode != 0:
+        raise ConfigError("parallelism", f"torchtitan could not build rank 0 of this layout on its fake backend:\n{done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def execute(cfg_node: DictConfig) -> dict | None:
+    from qwen3_trn.launch import LAUNCHERS
+    from qwen3_trn.metrics import write_summary
+    from qwen3_trn.plan import render_plan
+    from qwen3_trn.preflight import prepare
+    from qwen3_trn.worker import WorkerJob
+
+    cfg = to_run_config(cfg_node)
+    prepared = prepare(cfg)
+    run_dir = claim_run_dir(cfg.output_dir)
+    write_run_files(run_dir, cfg_node, _overrides(), prepared.trainer_config.to_dict())
+    if cfg.mode != "train":
+        text = render_plan(prepared, cfg_node, run_dir)
+        if cfg.mode == "check":
+            text += f"\n== Fake-backend check ==\n{json.dumps(_check_in_subprocess(run_dir))}\n"
+        (run_dir / "plan.txt").write_text(text)
+        print(text)
+        return None
+
+    info = prepared.trainer_config.metrics.run_info
+    write_summary(run_dir, [], info, status="running")
+    os.environ.setdefault("QWEN3_TRN_LAUNCH_TIME", str(time.time()))
+    started = time.perf_counter()
+    status = "failed"
+    try:
+        LAUNCHERS[cfg.launcher.name](WorkerJob(cfg=cfg, device_type=prepared.device.type, layout=prepared.layout))
+        status = "completed"
+    finally:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        summary.update(status=status, wall_time_s=time.perf_counter() - started)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _print_summary(summary)
+    return summary
+
+
+def run(cfg_node: DictConfig) -> dict | None:
+    """Hydra's task function: a ConfigError becomes one clear paragraph and exit status 2."""
+    try:
+        return execute(cfg_node)
+    except ConfigError as exc:
+        if os.environ.get(SHOW_TRACEBACK_ENV) or os.environ.get("HYDRA_FULL_ERROR"):
+            raise
+        print(f"error: {exc}\n(set {SHOW_TRACEBACK_ENV}=1 for a traceback)", file=sys.stderr)
+        sys.exit(2)

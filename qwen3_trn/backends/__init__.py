@@ -1,0 +1,16 @@
+"""Training modes selectable with ``backend=<name>``."""
+
+from qwen3_trn.backends.base import Backend
+from qwen3_trn.backends.native import NATIVE
+from qwen3_trn.errors import ConfigError
+
+BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (NATIVE,)}
+
+
+def get_backend(name: str) -> Backend:
+    if name not in BACKENDS:
+        raise ConfigError("backend.name", f"unknown backend '{name}'; use one of {', '.join(BACKENDS)}.")
+    return BACKENDS[name]
+
+
+__all__ = ["Backend", "BACKENDS", "get_backend"]

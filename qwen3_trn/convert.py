@@ -1,0 +1,206 @@
+"""Composed config -> torchtitan ``Trainer.Config``.
+
+``to_trainer_config`` is a pure function of the validated config, the resolved device and
+the parallel layout: it starts nothing, and Python users can call it to get the exact
+``Trainer.Config`` a run would train with.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from torchtitan.components.checkpoint import CheckpointManager
+from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig
+from torchtitan.config import CompileConfig as TitanCompileConfig
+from torchtitan.config import ParallelismConfig as TitanParallelismConfig
+from torchtitan.config import TrainingConfig as TitanTrainingConfig
+from torchtitan.config.configs import DebugConfig
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+from torchtitan.models.common.config_utils import decoder_vocab_size
+from torchtitan.trainer import Trainer
+
+from qwen3_trn.backends import get_backend
+from qwen3_trn.config.schema import CheckpointConfig, RunConfig
+from qwen3_trn.config.titan_overrides import apply_titan_overrides
+from qwen3_trn.data.sources import resolve_dataset
+from qwen3_trn.devices import DeviceSpec
+from qwen3_trn.errors import ConfigError
+from qwen3_trn.layout import Layout
+from qwen3_trn.metrics import RunMetricsProcessor
+from qwen3_trn.models.architecture import Qwen3Architecture
+
+ACTIVATION_CHECKPOINTING = {"none": lambda: None, "selective": SelectiveAC.Config, "full": FullAC.Config}
+
+
+def architecture(cfg: RunConfig) -> Qwen3Architecture:
+    return Qwen3Architecture.of_flavor(cfg.model.flavor).with_overrides(cfg.model)
+
+
+def tokenizer_path(cfg: RunConfig) -> str:
+    if cfg.model.hf_assets_path:
+        return cfg.model.hf_assets_path
+    from qwen3_trn.data.embedded import tokenizer_dir
+
+    return str(tokenizer_dir())
+
+
+def param_dtype(cfg: RunConfig, device: DeviceSpec) -> str:
+    """FSDP's mixed-precision param dtype; ``auto`` is bf16 where the device runs it natively."""
+    if cfg.training.mixed_precision_param != "auto":
+        return cfg.training.mixed_precision_param
+    return "bfloat16" if device.fast_bf16 else "float32"
+
+
+def compute_dtype(cfg: RunConfig, device: DeviceSpec) -> str:
+    """The dtype matmuls run in. torchtitan applies FSDP (and so its mixed-precision policy)
+    even at data-parallel degree 1, so this is the param dtype whenever training in fp32."""
+    return param_dtype(cfg, device) if cfg.training.dtype == "float32" else cfg.training.dtype
+
+
+def _step_folders(folder: Path) -> list[tuple[int, Path]]:
+    found = []
+    for child in folder.glob("step-*") if folder.is_dir() else []:
+        match = re.fullmatch(r"step-(\d+)", child.name)
+        if match and child.is_dir():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def resume_checkpoint(checkpoint: CheckpointConfig) -> str | None:
+    """The step-N folder to resume from: the given one, or the latest in a run directory."""
+    if not checkpoint.resume_from:
+        return None
+    given = Path(checkpoint.resume_from).expanduser()
+    if re.fullmatch(r"step-\d+", given.name) and given.is_dir():
+        return str(given)
+    for folder in (given / checkpoint.folder, given):
+        steps = _step_folders(folder)
+        if steps:
+            return str(steps[-1][1])
+    raise ConfigError(
+        "checkpoint.resume_from",
+        f"'{checkpoint.resume_from}' holds no step-N checkpoint (looked in {given / checkpoint.folder} and {given}); "
+        "pass a run directory that was trained with checkpoint=on, or one of its step-N folders.",
+    )
+
+
+def _checkpoint(cfg: RunConfig) -> CheckpointManager.Config:
+    ckpt = cfg.checkpoint
+    resume = resume_checkpoint(ckpt)
+    initial_load_path = resume or ckpt.initial_load_path
+    return CheckpointManager.Config(
+        enable=ckpt.enable or initial_load_path is not None,
+        folder=ckpt.folder,
+        interval=ckpt.interval,
+        keep_latest_k=ckpt.keep_latest_k,
+        load_step=ckpt.load_step,
+        initial_load_path=initial_load_path,
+        initial_load_model_only=resume is None,
+        initial_load_in_hf=ckpt.initial_load_in_hf and resume is None,
+        last_save_in_hf=ckpt.last_save_in_hf,
+        last_save_model_only=ckpt.last_save_in_hf,
+        export_dtype=ckpt.export_dtype,
+    )
+
+
+def _optimizer(cfg: RunConfig) -> OptimizersContainer.Config:
+    opt = cfg.optimizer
+    return OptimizersContainer.Config(
+        param_groups=[
+            ParamGroupConfig(
+                pattern=r".*",
+                optimizer_name=opt.name,
+                optimizer_kwargs={
+                    "lr": opt.lr,
+                    "betas": (opt.beta1, opt.beta2),
+                    "eps": opt.eps,
+                    "weight_decay": opt.weight_decay,
+                },
+            )
+        ]
+    )
+
+
+def run_info(cfg: RunConfig, device: DeviceSpec, layout: Layout, arch: Qwen3Architecture) -> dict[str, Any]:
+    return {
+        "backend": cfg.backend.name,
+        "device": device.type,
+        "flavor": cfg.model.flavor,
+        "architecture": arch.summary(),
+        "world_size": layout.world_size,
+        "layout": layout.describe(),
+        "seed": cfg.training.seed,
+        "run_dir": cfg.output_dir,
+        **get_backend(cfg.backend.name).run_info(cfg, device),
+    }
+
+
+def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Trainer.Config:
+    backend = get_backend(cfg.backend.name)
+    arch = architecture(cfg)
+    model_spec = device.adapt_model_spec(backend.model_spec(cfg, arch, device))
+    dataset = resolve_dataset(cfg.data)
+    training = cfg.training
+    compile_enabled = cfg.compile.backend != "off"
+
+    trainer_config = backend.trainer_config_class()(
+        model_spec=model_spec,
+        hf_assets_path=tokenizer_path(cfg),
+        dump_folder=cfg.output_dir,
+        metrics=RunMetricsProcessor.Config(
+            log_freq=cfg.logger.log_freq,
+            enable_wandb="wandb" in cfg.logger.backends,
+            enable_tensorboard="tensorboard" in cfg.logger.backends,
+            disable_color_printing=True,
+            run_dir=cfg.output_dir,
+            total_steps=training.steps,
+            run_info=run_info(cfg, device, layout, arch),
+        ),
+        loss=ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(model_spec))),
+        dataloader=HuggingFaceTextDataLoader.Config(
+            dataset=dataset.name, dataset_path=dataset.path, num_workers=cfg.data.num_workers
+        ),
+        optimizer=_optimizer(cfg),
+        lr_scheduler=LRSchedulersContainer.Config(
+            warmup_steps=cfg.optimizer.warmup_steps,
+            decay_ratio=cfg.optimizer.decay_ratio,
+            decay_type=cfg.optimizer.decay_type,
+            min_lr_factor=cfg.optimizer.min_lr_factor,
+        ),
+        training=TitanTrainingConfig(
+            local_batch_size=training.local_batch_size,
+            global_batch_size=training.global_batch_size,
+            seq_len=training.seq_len,
+            max_norm=training.max_norm,
+            steps=training.steps,
+            dtype=training.dtype,
+            mixed_precision_param=param_dtype(cfg, device),
+            gc_freq=training.gc_freq,
+        ),
+        parallelism=TitanParallelismConfig(
+            data_parallel_replicate_degree=layout.dp_replicate,
+            data_parallel_shard_degree=layout.dp_shard,
+            tensor_parallel_degree=layout.tp,
+            pipeline_parallel_degree=layout.pp,
+            context_parallel_degree=layout.cp,
+            expert_parallel_degree=layout.ep,
+            pipeline_parallel_schedule=cfg.parallelism.pp_schedule,
+            pipeline_parallel_microbatch_size=cfg.parallelism.pp_microbatch_size,
+            fsdp_reshard_after_forward=cfg.parallelism.fsdp_reshard_after_forward,
+        ),
+        checkpoint=_checkpoint(cfg),
+        activation_checkpoint=ACTIVATION_CHECKPOINTING[training.activation_checkpoint](),
+        compile=TitanCompileConfig(
+            enable=compile_enabled,
+            backend=cfg.compile.backend if compile_enabled else "inductor",
+            components=list(cfg.compile.components),
+        ),
+        debug=DebugConfig(seed=training.seed, deterministic=training.deterministic),
+        **backend.trainer_fields(cfg),
+    )
+    apply_titan_overrides(trainer_config, cfg.titan)
+    return trainer_config

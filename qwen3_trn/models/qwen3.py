@@ -1,0 +1,79 @@
+"""Builds torchtitan Qwen3 model configs and ModelSpecs for an architecture.
+
+The private layer builders of ``torchtitan.models.qwen3`` are the one place torchtitan
+encodes Qwen3's per-layer structure and initialisation; reusing them keeps the rebuilt
+layers identical to torchtitan's own flavors when no override is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torchtitan.models.common import CosSinRoPE
+from torchtitan.models.qwen3 import (
+    _build_qwen3_layers,
+    _build_qwen3_moe_layers,
+    _qwen3_norm,
+    model_registry,
+    qwen3_configs,
+    Qwen3Model,
+)
+from torchtitan.protocols.model import ModelConfigConverter
+from torchtitan.protocols.model_spec import ModelSpec
+from torchtitan.protocols.module import Module
+
+from qwen3_trn.models.architecture import Qwen3Architecture
+
+
+def _layers(arch: Qwen3Architecture, rope: CosSinRoPE.Config) -> list:
+    common = dict(
+        n_layers=arch.n_layers,
+        dim=arch.dim,
+        n_heads=arch.n_heads,
+        n_kv_heads=arch.n_kv_heads,
+        head_dim=arch.head_dim,
+        fuse_qkv=arch.fuse_qkv,
+        attn_backend="flex",
+        rope=rope,
+    )
+    if arch.is_moe:
+        return _build_qwen3_moe_layers(
+            **common,
+            moe_hidden_dim=arch.moe_hidden_dim,
+            num_experts=arch.num_experts,
+            top_k=arch.top_k,
+            moe_comm_backend="standard",
+        )
+    return _build_qwen3_layers(**common, hidden_dim=arch.hidden_dim)
+
+
+def build_model_config(flavor: str, arch: Qwen3Architecture, inner_attention: Module.Config) -> Qwen3Model.Config:
+    """The flavor's config with every architecture value set from ``arch``."""
+    config: Qwen3Model.Config = qwen3_configs[flavor](attn_backend="flex")
+    base_rope = config.layers[0].attention.rope
+    rope = dataclasses.replace(base_rope, dim=arch.head_dim, max_seq_len=arch.max_seq_len, theta=arch.rope_theta)
+    config.layers = _layers(arch, rope)
+    config.dim = arch.dim
+    config.vocab_size = arch.vocab_size
+    config.norm = _qwen3_norm(arch.dim)
+    config.tok_embeddings = dataclasses.replace(
+        config.tok_embeddings, num_embeddings=arch.vocab_size, embedding_dim=arch.dim
+    )
+    config.lm_head = dataclasses.replace(config.lm_head, in_features=arch.dim, out_features=arch.vocab_size)
+    for layer in config.layers:
+        layer.attention.inner_attention = dataclasses.replace(inner_attention)
+    return config
+
+
+def native_model_spec(
+    flavor: str,
+    arch: Qwen3Architecture,
+    inner_attention: Module.Config,
+    converters: list[ModelConfigConverter.Config] | None = None,
+) -> ModelSpec:
+    """torchtitan's Qwen3 ModelSpec (parallelize, pipelining, HF adapter) for ``arch``."""
+    spec = model_registry(flavor, attn_backend="flex")
+    config = build_model_config(flavor, arch, inner_attention)
+    for converter in converters or []:
+        config = converter.build().convert(config)
+    return dataclasses.replace(spec, model=config)
