@@ -51,13 +51,14 @@ def _print_summary(summary: dict) -> None:
         ("tokens/s", f"{summary.get('tokens_per_s', 0):,.0f}"),
         ("peak memory", f"{summary.get('peak_memory_gib', 0):.2f} GiB"),
         ("wall time", f"{summary.get('wall_time_s', 0):.1f} s"),
-        ("outputs", str(summary.get("run_dir"))),
     ]
     if "mfu_pct" in summary:
         rows.insert(4, ("MFU", f"{summary['mfu_pct']:.2f} %"))
     for name, value in rows:
         table.add_row(name, value)
-    Console(stderr=False).print(table)
+    console = Console()
+    console.print(table)
+    console.print(f"outputs: {summary.get('run_dir')}", soft_wrap=True)
 
 
 def _check_in_subprocess(run_dir: Path) -> dict:
@@ -86,7 +87,7 @@ def execute(cfg_node: DictConfig) -> dict | None:
         if cfg.mode == "check":
             text += f"\n== Fake-backend check ==\n{json.dumps(_check_in_subprocess(run_dir))}\n"
         (run_dir / "plan.txt").write_text(text)
-        print(text)
+        print(text, end="")
         return None
 
     info = prepared.trainer_config.metrics.run_info

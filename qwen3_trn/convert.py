@@ -20,7 +20,6 @@ from torchtitan.config import TrainingConfig as TitanTrainingConfig
 from torchtitan.config.configs import DebugConfig
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
-from torchtitan.models.common.config_utils import decoder_vocab_size
 from torchtitan.trainer import Trainer
 
 from qwen3_trn.backends import get_backend
@@ -37,7 +36,7 @@ ACTIVATION_CHECKPOINTING = {"none": lambda: None, "selective": SelectiveAC.Confi
 
 
 def architecture(cfg: RunConfig) -> Qwen3Architecture:
-    return Qwen3Architecture.of_flavor(cfg.model.flavor).with_overrides(cfg.model)
+    return get_backend(cfg.backend.name).architecture(cfg)
 
 
 def tokenizer_path(cfg: RunConfig) -> str:
@@ -99,7 +98,8 @@ def _checkpoint(cfg: RunConfig) -> CheckpointManager.Config:
         keep_latest_k=ckpt.keep_latest_k,
         load_step=ckpt.load_step,
         initial_load_path=initial_load_path,
-        initial_load_model_only=resume is None,
+        # torchtitan warns about this flag whenever no initial_load_path is set.
+        initial_load_model_only=initial_load_path is not None and resume is None,
         initial_load_in_hf=ckpt.initial_load_in_hf and resume is None,
         last_save_in_hf=ckpt.last_save_in_hf,
         last_save_model_only=ckpt.last_save_in_hf,
@@ -160,7 +160,7 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
             total_steps=training.steps,
             run_info=run_info(cfg, device, layout, arch),
         ),
-        loss=ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(model_spec))),
+        loss=ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=arch.vocab_size)),
         dataloader=HuggingFaceTextDataLoader.Config(
             dataset=dataset.name, dataset_path=dataset.path, num_workers=cfg.data.num_workers
         ),

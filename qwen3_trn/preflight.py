@@ -125,7 +125,7 @@ def _check_choices(cfg: RunConfig, device: DeviceSpec) -> None:
         raise ConfigError(
             "compile.backend",
             f"compile=neuron needs torch-neuronx's 'neuron' compiler backend, but the device is {device.type}; "
-            "use compile=inductor or compile=off here.",
+            "use compile=inductor or compile=off here, or plan a Trainium run with device=neuron mode=plan.",
         )
     for name in cfg.logger.backends:
         _choose("logger.backends", name, LOGGER_BACKENDS)

@@ -24,7 +24,8 @@ class WorkerJob:
 
 
 def _configure_logging(cfg: RunConfig, rank: int) -> None:
-    """Full torchtitan log per rank in <run dir>/logs; only warnings reach the console."""
+    """Full torchtitan log (and Python warnings) per rank in <run dir>/logs; the console gets
+    only errors, next to the progress view."""
     root = logging.getLogger()
     root.handlers.clear()
     root.setLevel(logging.INFO)
@@ -35,9 +36,10 @@ def _configure_logging(cfg: RunConfig, rank: int) -> None:
     root.addHandler(file_handler)
     if rank == 0 or cfg.logger.all_ranks_to_console:
         console = logging.StreamHandler(sys.stderr)
-        console.setLevel(logging.WARNING)
+        console.setLevel(logging.ERROR)
         console.setFormatter(logging.Formatter(f"[rank{rank}] %(levelname)s: %(message)s"))
         root.addHandler(console)
+    logging.captureWarnings(True)
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 
 

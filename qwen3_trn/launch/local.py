@@ -70,6 +70,7 @@ def launch_local(job: WorkerJob) -> None:
         min_nodes=launcher.nnodes,
         max_nodes=launcher.nnodes,
         nproc_per_node=job.layout.nproc_per_node,
+        role="rank",
         run_id=launcher.rdzv_id or f"qwen3_trn-{uuid.uuid4().hex[:12]}",
         rdzv_backend=launcher.rdzv_backend,
         rdzv_endpoint=rendezvous_endpoint(job),

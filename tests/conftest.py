@@ -1,0 +1,57 @@
+"""Shared helpers: compose configs exactly as the CLI does, and run the CLI for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from qwen3_trn.config import register_schema
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+
+register_schema()
+
+# Small, fast settings for real training on a 2-core CPU.
+FAST = ["training.steps=6", "training.seq_len=128", "optimizer.warmup_steps=2"]
+
+
+def compose_config(overrides: list[str], output_dir: str | Path = "/tmp/qwen3_trn_unused") -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=[*overrides, f"output_dir={output_dir}"])
+
+
+def run_cli(args: list[str], run_dir: Path | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m qwen3_trn ARGS`` in a subprocess, with the run directory pinned."""
+    cmd = [sys.executable, "-m", "qwen3_trn", *args]
+    if run_dir is not None:
+        cmd.append(f"hydra.run.dir={run_dir}")
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **(env or {})}
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def read_summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def assert_trained(result: subprocess.CompletedProcess, run_dir: Path, steps: int) -> list[dict]:
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(records[0]["step"], records[0]["step"] + steps))
+    return records
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return tmp_path / "run"

@@ -1,0 +1,70 @@
+"""Bad input: one clear paragraph naming the key and the fix, exit status 2, before any
+worker starts, with nothing written over."""
+
+from __future__ import annotations
+
+import pytest
+
+from qwen3_trn.app import execute, to_run_config
+from qwen3_trn.errors import ConfigError
+from tests.conftest import compose_config, run_cli
+
+
+@pytest.mark.parametrize(
+    "overrides,key,fix",
+    [
+        (["launcher.nproc_per_node=2", "parallelism.dp_shard=3"], "parallelism", "world size is 2"),
+        (["launcher.nproc_per_node=2", "parallelism.tp=3"], "parallelism.dp_shard", "does not divide the world size"),
+        (["training.seq_len=8192"], "training.seq_len", "max_seq_len 4096"),
+        (["model=tiny_moe", "model.top_k=16"], "model.top_k", "model.top_k <= 8"),
+        (["model.n_heads=4", "model.n_kv_heads=3"], "model.n_heads", "multiple of n_kv_heads"),
+        (["launcher.nproc_per_node=4096"], "launcher.nproc_per_node", "launcher.nproc_per_node<="),
+        (["device=cuda"], "device", "device=auto"),
+        (["device=neuron"], "device", "torch-neuronx"),
+        (["data=files", "data.path=/nonexistent/data.jsonl"], "data.path", "does not exist"),
+        (["model.hf_assets_path=/tmp"], "model.hf_assets_path", "no tokenizer"),
+        (["+titan.training.stepz=3"], "titan.training.stepz", "did you mean steps"),
+        (["compile=neuron"], "compile.backend", "compile=inductor"),
+    ],
+)
+def test_config_errors_name_key_and_fix(overrides, key, fix, tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError) as info:
+        execute(compose_config(overrides, run_dir))
+    assert info.value.key == key
+    assert fix in str(info.value)
+    assert not run_dir.exists(), "nothing may be written before the config is valid"
+
+
+def test_unknown_key_added_with_plus_is_refused(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        to_run_config(compose_config(["+model.n_layerz=2"], tmp_path))
+    assert info.value.key == "model.n_layerz"
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["model=nonexistent"], "Available options in 'model'"),
+        (["model.n_layerz=2"], "model.n_layerz"),
+        (["training.steps=many"], "training.steps"),
+        (["+training.foo=1"], "training.foo"),
+        (["model=tiny_moe", "model.top_k=16"], "model.top_k"),
+    ],
+)
+def test_cli_reports_errors_without_traceback(args, needle, tmp_path):
+    result = run_cli(args, tmp_path / "run", timeout=120)
+    assert result.returncode != 0
+    assert needle in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_existing_run_directory_is_never_overwritten(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    with pytest.raises(ConfigError) as info:
+        execute(compose_config([], run_dir))
+    assert info.value.key == "hydra.run.dir"
+    assert (run_dir / "metrics.jsonl").read_text() == '{"step": 1, "loss": 1.0}\n'
+    assert not (run_dir / "config.yaml").exists()

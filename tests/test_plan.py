@@ -1,0 +1,34 @@
+"""mode=plan and mode=check describe a run without starting a trainer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+def test_plan_for_trainium_prints_world_torchrun_and_trainer_config(run_dir):
+    result = run_cli(["mode=plan", "model=4B", "parallelism=trn2_48xlarge", "compile=neuron", "device=neuron"], run_dir, timeout=180)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "world 64 = 1 node(s) x 64 rank(s)" in out and "dp_shard=64" in out
+    assert "NeuronCore LOCAL_RANK" in out
+    assert (
+        f"NEURON_LOGICAL_NC_CONFIG=2 torchrun --nnodes=1 --nproc_per_node=64 --rdzv_backend=c10d "
+        f"--rdzv_endpoint=localhost:0 --local-ranks-filter=0 --role=rank --tee=3 -m qwen3_trn.rank {run_dir}/config.yaml"
+    ) in out
+    assert '"backend": "neuron"' in out and '"grad_clip"' in out
+    assert (run_dir / "plan.txt").read_text() == out
+    assert not (run_dir / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_check_builds_rank0_of_64_on_fake_backend(run_dir):
+    result = run_cli(["mode=check", "model=4B", "model.n_layers=2", "parallelism=trn2_48xlarge", "device=neuron"], run_dir, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    check = json.loads(result.stdout.split("== Fake-backend check ==")[1].strip().splitlines()[0])
+    assert check["world_size"] == 64
+    # FSDP shards the parameters 64 ways: rank 0 holds about 1/64 of them
+    assert check["parameters"] / 80 < check["rank0_local_parameters"] < check["parameters"] / 50
