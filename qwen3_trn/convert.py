@@ -42,9 +42,9 @@ def architecture(cfg: RunConfig) -> Qwen3Architecture:
 def tokenizer_path(cfg: RunConfig) -> str:
     if cfg.model.hf_assets_path:
         return cfg.model.hf_assets_path
-    from qwen3_trn.data.embedded import tokenizer_dir
+    from qwen3_trn.data.embedded import ensure_assets, tokenizer_dir
 
-    return str(tokenizer_dir())
+    return str(tokenizer_dir(ensure_assets()))
 
 
 def param_dtype(cfg: RunConfig, device: DeviceSpec) -> str:

@@ -91,9 +91,9 @@ def _files(data: DataConfig) -> ResolvedDataset:
 
 
 def _embedded(data: DataConfig) -> ResolvedDataset:
-    from qwen3_trn.data.embedded import corpus_path
+    from qwen3_trn.data.embedded import corpus_path, ensure_assets
 
-    corpus = str(corpus_path())
+    corpus = str(corpus_path(ensure_assets()))
     return _register(data, corpus, lambda path: _load_files([path], "json", "train"), "text")
 
 
