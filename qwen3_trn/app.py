@@ -43,6 +43,12 @@ def _print_summary(summary: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    console = Console()
+    if not summary.get("steps_logged"):
+        # Multi-node: metrics are written by the node that hosted global rank 0.
+        console.print(f"qwen3_trn: this node's ranks {summary.get('status')}; no metrics rank ran here. outputs: {summary.get('run_dir')}", soft_wrap=True)
+        return
+
     table = Table(title=f"qwen3_trn run {summary.get('status', '')}", show_header=False)
     rows = [
         ("backend / device", f"{summary.get('backend')} / {summary.get('device')}" + (f" / kernel {summary['kernel']}" if "kernel" in summary else "")),
@@ -56,7 +62,6 @@ def _print_summary(summary: dict) -> None:
         rows.insert(4, ("MFU", f"{summary['mfu_pct']:.2f} %"))
     for name, value in rows:
         table.add_row(name, value)
-    console = Console()
     console.print(table)
     console.print(f"outputs: {summary.get('run_dir')}", soft_wrap=True)
 
