@@ -1,0 +1,83 @@
+"""backend=nki_moe: Qwen3 mixture-of-experts whose expert MLPs run project-registered kernels.
+
+torchtitan's ``GroupedExperts`` is swapped for ``KernelGroupedExperts`` through torchtitan's own
+model-config converter mechanism; ``backend.kernels`` (or ``kernels=<option>``) picks the
+implementation: NKI on Trainium (untested on hardware, see qwen3_trn/kernels/README.md), a
+portable kernel elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchtitan.protocols.model_spec import ModelSpec
+
+from qwen3_trn.backends.base import Backend
+from qwen3_trn.config.schema import RunConfig
+from qwen3_trn.devices import DeviceSpec
+from qwen3_trn.errors import ConfigError, NotApplicable
+from qwen3_trn.models.architecture import Qwen3Architecture
+from qwen3_trn.models.attention import inner_attention_config, resolve_attention
+from qwen3_trn.models.qwen3 import native_model_spec
+
+# Trainium's grouped matmul needs expert token groups in multiples of this many rows.
+NEURON_TOKEN_GROUP_ALIGNMENT = 128
+
+
+def _kernel_name(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> str:
+    from qwen3_trn.kernels import KernelUnavailableError, resolved_kernel_name
+
+    try:
+        return resolved_kernel_name(
+            cfg.backend.kernels, device.type, dim=arch.dim, hidden_dim=arch.moe_hidden_dim, num_experts=arch.num_experts
+        )
+    except KernelUnavailableError as exc:
+        raise ConfigError("backend.kernels", str(exc)) from exc
+    except ValueError as exc:
+        raise ConfigError("backend.kernels", f"{exc} Use kernels=auto, kernels=portable or a kernel name listed in qwen3_trn/kernels/README.md.") from exc
+
+
+def _model_spec(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> ModelSpec:
+    from qwen3_trn.kernels import KernelExpertsConverter
+
+    attention = resolve_attention(cfg.model.attention, device.default_attention)
+    converter = KernelExpertsConverter.Config(kernel=cfg.backend.kernels)
+    return native_model_spec(cfg.model.flavor, arch, inner_attention_config(attention), converters=[converter])
+
+
+def _validate(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> None:
+    if not arch.is_moe:
+        raise NotApplicable(
+            "backend.name",
+            f"backend=nki_moe trains mixture-of-experts models, but model={cfg.model.flavor} is dense; "
+            "choose an MoE model (tiny_moe, debugmodel_moe, 30B-A3B, 235B-A22B) or backend=native.",
+        )
+    _kernel_name(cfg, arch, device)
+    if device.type == "neuron":
+        from qwen3_trn.kernels import TokenGroupAlignmentError, check_token_group_alignment
+
+        try:
+            check_token_group_alignment(
+                tokens_per_step=cfg.training.local_batch_size * cfg.training.seq_len,
+                top_k=arch.top_k,
+                num_experts=arch.num_experts,
+                alignment=NEURON_TOKEN_GROUP_ALIGNMENT,
+                pads_token_groups=True,
+            )
+        except TokenGroupAlignmentError as exc:
+            raise ConfigError("training.seq_len", str(exc)) from exc
+
+
+def _run_info(cfg: RunConfig, device: DeviceSpec) -> dict[str, Any]:
+    from qwen3_trn.convert import architecture
+
+    return {"kernel": _kernel_name(cfg, architecture(cfg), device), "kernels_requested": cfg.backend.kernels}
+
+
+NKI_MOE = Backend(
+    name="nki_moe",
+    description="Qwen3 MoE with kernel-backed experts (NKI on Trainium, portable kernels elsewhere)",
+    model_spec=_model_spec,
+    validate=_validate,
+    run_info=_run_info,
+)

@@ -1,0 +1,126 @@
+"""torchtitan integration: a ``GroupedExperts`` that runs ``moe_swiglu_experts`` through the registry.
+
+:class:`KernelGroupedExperts` keeps ``GroupedExperts``' parameters (names, shapes, init,
+sharding) and only replaces ``forward``, so checkpoints and state-dict adapters are unchanged.
+It is swapped in through torchtitan's own extension point, a model-config converter
+(:class:`KernelExpertsConverter`, or :func:`use_kernel_experts` on a config), never by editing
+torchtitan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from torch.distributed.tensor import DTensor
+from torchtitan.models.common.moe import GroupedExperts
+from torchtitan.protocols.model import ModelConfigConverter
+from torchtitan.protocols.module import Module
+
+from . import nki_moe  # noqa: F401  (registers the nki kernel; imports no Neuron module)
+from .moe import MOE_SWIGLU_EXPERTS, moe_problem
+from .registry import KERNELS, resolve_op
+
+__all__ = [
+    "KernelExpertsConverter",
+    "KernelGroupedExperts",
+    "resolved_kernel_name",
+    "use_kernel_experts",
+]
+
+
+def resolved_kernel_name(
+    kernel: str,
+    device_type: str,
+    *,
+    dim: int | None = None,
+    hidden_dim: int | None = None,
+    num_experts: int | None = None,
+) -> str:
+    """The implementation ``kernels=<kernel>`` runs on ``device_type`` (for run summaries).
+
+    Pass the expert shapes to apply kernels' shape constraints exactly as the model will.
+    Raises :class:`~qwen3_trn.kernels.registry.KernelUnavailableError` where the model would.
+    """
+    problem = None
+    if dim is not None and hidden_dim is not None and num_experts is not None:
+        problem = moe_problem(dim=dim, hidden_dim=hidden_dim, num_experts=num_experts)
+    return KERNELS.select_kernel(MOE_SWIGLU_EXPERTS.name, kernel, device_type, problem).impl_name
+
+
+class KernelGroupedExperts(GroupedExperts):
+    """``GroupedExperts`` whose expert MLP runs the ``moe_swiglu_experts`` kernel ``config.kernel``.
+
+    ``kernel`` is ``auto | portable | <impl>``, resolved against the inputs' device and the
+    (local) expert shapes in forward; under ``torch.compile`` the resolution runs once, eagerly,
+    at trace time. Like ``GroupedExperts``, inputs and weights are cast to bf16.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(GroupedExperts.Config):
+        kernel: str = "auto"
+
+    def __init__(self, config: Config):
+        super().__init__(config)
+        KERNELS.validate_request(MOE_SWIGLU_EXPERTS.name, config.kernel)
+        self.kernel = config.kernel
+
+    def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
+        # Under EP/TP the local shards are what the kernel sees (as in GroupedExperts).
+        w1_EFD, w2_EDF, w3_EFD = (
+            w.to_local() if isinstance(w, DTensor) else w for w in (self.w1_EFD, self.w2_EDF, self.w3_EFD)
+        )
+        experts, hidden_dim, dim = w1_EFD.shape
+        problem = moe_problem(dim=dim, hidden_dim=hidden_dim, num_experts=experts)
+        op = resolve_op(MOE_SWIGLU_EXPERTS.name, self.kernel, x_RD.device.type, problem)
+        out_RD, _gate_RF, _up_RF = op(
+            x_RD.bfloat16(),
+            w1_EFD.bfloat16(),
+            w2_EDF.bfloat16(),
+            w3_EFD.bfloat16(),
+            num_tokens_per_expert_E,
+        )
+        return out_RD.type_as(x_RD)
+
+
+def use_kernel_experts(model_config: Module.Config, *, kernel: str = "auto") -> Module.Config:
+    """Replace every ``GroupedExperts.Config`` in ``model_config`` by a ``KernelGroupedExperts.Config``.
+
+    All fields (dims, ``param_init``, ``sharding_config``) are carried over. Configs of other
+    ``GroupedExperts`` subclasses (fused, float8, ...) change the expert math or parameters and
+    are refused rather than silently replaced. Returns the (possibly new root) config.
+    """
+    KERNELS.validate_request(MOE_SWIGLU_EXPERTS.name, kernel)
+    for fqn, config, parent, attr in list(model_config.traverse(GroupedExperts.Config)):
+        if isinstance(config, KernelGroupedExperts.Config):
+            new_config = config
+            new_config.kernel = kernel
+        elif type(config) is GroupedExperts.Config:
+            values = {f.name: getattr(config, f.name) for f in fields(config) if f.init}
+            new_config = KernelGroupedExperts.Config(**values, kernel=kernel)
+        else:
+            raise ValueError(
+                f"{fqn or 'model'}: {type(config).__qualname__} is a GroupedExperts variant with its own "
+                "expert computation; kernel experts replace only plain GroupedExperts"
+            )
+        if parent is None:
+            model_config = new_config
+        elif isinstance(parent, list):
+            parent[attr] = new_config
+        else:
+            setattr(parent, attr, new_config)
+    return model_config
+
+
+class KernelExpertsConverter(ModelConfigConverter):
+    """Model-config converter: ``model_registry(..., converters=[KernelExpertsConverter.Config(kernel=...)])``."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(ModelConfigConverter.Config):
+        kernel: str = "auto"
+
+    def __init__(self, config: Config):
+        self.config = config
+
+    def convert(self, model_config: Module.Config) -> Module.Config:
+        return use_kernel_experts(model_config, kernel=self.config.kernel)

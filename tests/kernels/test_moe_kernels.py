@@ -1,0 +1,289 @@
+"""moe_swiglu_experts: every portable kernel matches torchtitan's GroupedExperts, values and grads."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from torchtitan.models.common.moe import GroupedExperts
+
+from qwen3_trn.kernels import KERNELS, KernelGroupedExperts, moe_swiglu_experts
+from qwen3_trn.kernels import moe as moe_module
+from qwen3_trn.kernels.nki_moe import (
+    blockwise_moe_backward_reference,
+    blockwise_moe_reference,
+    nki_moe_backward_with,
+    nki_moe_forward_with,
+)
+
+PORTABLE = sorted(name for name, impl in KERNELS.impls("moe_swiglu_experts").items() if impl.portable)
+E, F, D = 6, 48, 32
+# Experts 1 and 4 receive no rows: their weight gradients must be exactly zero.
+COUNTS = torch.tensor([5, 0, 9, 3, 0, 7])
+
+
+def test_both_portable_kernels_are_registered():
+    assert PORTABLE == ["grouped_mm", "per_expert_mm"]
+
+
+def _torchtitan_experts(seed: int = 0) -> GroupedExperts:
+    module = GroupedExperts.Config(dim=D, hidden_dim=F, num_experts=E).build()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in module.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+    return module
+
+
+def _run(module, x, counts, grad):
+    x = x.detach().requires_grad_()
+    module.zero_grad(set_to_none=True)
+    out = module(x, counts)
+    out.backward(grad)
+    return out.detach(), [x.grad, module.w1_EFD.grad, module.w2_EDF.grad, module.w3_EFD.grad]
+
+
+def _fp64_reference(x, w1, w2, w3, counts, grad):
+    """The math, expert by expert, in float64 autograd."""
+    x, w1, w2, w3 = (t.detach().double().requires_grad_() for t in (x, w1, w2, w3))
+    outs, start = [], 0
+    for expert, count in enumerate(counts.tolist()):
+        rows = x[start:start + count]
+        h = torch.nn.functional.silu(rows @ w1[expert].t()) * (rows @ w3[expert].t())
+        outs.append(h @ w2[expert].t())
+        start += count
+    out = torch.cat(outs)
+    out.backward(grad.double())
+    return out.detach(), [x.grad, w1.grad, w2.grad, w3.grad]
+
+
+def _assert_bf16_close(actual, expected):
+    # torchtitan rounds operands and outputs to bf16: compare at bf16 resolution of the scale.
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(actual.double(), expected.double(), rtol=0, atol=2e-2 * scale)
+
+
+@pytest.mark.parametrize("kernel", PORTABLE)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_experts_match_torchtitan_values_and_grads(kernel, dtype):
+    reference = _torchtitan_experts().to(dtype)
+    ours = KernelGroupedExperts.Config(dim=D, hidden_dim=F, num_experts=E, kernel=kernel).build().to(dtype)
+    ours.load_state_dict(reference.state_dict())
+    rows = int(COUNTS.sum())
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(rows, D, generator=generator).to(dtype)
+    grad = torch.randn(rows, D, generator=generator).to(dtype)
+
+    ref_out, ref_grads = _run(reference, x, COUNTS, grad)
+    out, grads = _run(ours, x, COUNTS, grad)
+    exact_out, exact_grads = _fp64_reference(x, reference.w1_EFD, reference.w2_EDF, reference.w3_EFD, COUNTS, grad)
+
+    assert out.dtype == dtype and out.shape == (rows, D)
+    _assert_bf16_close(out, ref_out)
+    _assert_bf16_close(out, exact_out)
+    for name, got, theirs, exact in zip(["x", "w1", "w2", "w3"], grads, ref_grads, exact_grads):
+        assert got.dtype == dtype, name
+        _assert_bf16_close(got, theirs)
+        _assert_bf16_close(got, exact)
+    for weight_grad in grads[1:]:
+        assert torch.count_nonzero(weight_grad[[1, 4]]) == 0
+        assert torch.count_nonzero(weight_grad[[0, 2, 3, 5]]) > 0
+
+
+@pytest.mark.parametrize("kernel", PORTABLE)
+def test_kernel_without_empty_experts_and_with_a_single_expert(kernel):
+    for counts in (torch.tensor([2, 3, 1, 4, 2, 5]), torch.tensor([0, 0, 11, 0, 0, 0])):
+        rows = int(counts.sum())
+        x = torch.randn(rows, D, dtype=torch.bfloat16, requires_grad=True)
+        weights = [(torch.randn(*shape) * 0.2).bfloat16().requires_grad_() for shape in ((E, F, D), (E, D, F), (E, F, D))]
+        out = moe_swiglu_experts(x, *weights, counts, kernel=kernel)
+        out.backward(torch.ones_like(out))
+        exact_out, exact_grads = _fp64_reference(x, *weights, counts, torch.ones(rows, D))
+        _assert_bf16_close(out, exact_out)
+        for got, exact in zip([x.grad] + [w.grad for w in weights], exact_grads):
+            _assert_bf16_close(got, exact)
+
+
+def test_grouped_mm_padding_for_aligned_token_groups_is_exact(monkeypatch):
+    rows = int(COUNTS.sum())
+    x = torch.randn(rows, D, dtype=torch.bfloat16)
+    weights = [(torch.randn(*shape) * 0.2).bfloat16() for shape in ((E, F, D), (E, D, F), (E, F, D))]
+    grad = torch.randn(rows, D, dtype=torch.bfloat16)
+    op = KERNELS.select_kernel("moe_swiglu_experts", "grouped_mm", "cpu").op
+    backward = KERNELS.op_overload("moe_swiglu_experts_backward", "grouped_mm")
+
+    unpadded = op(x, *weights, COUNTS)
+    unpadded_grads = backward(grad, x, *weights, COUNTS, unpadded[1], unpadded[2], unpadded[0])
+    # Pretend the CPU needs Neuron's aligned group offsets (16 rows here, 128 on Neuron).
+    monkeypatch.setitem(moe_module.GROUPED_MM_TOKEN_ALIGNMENT, "cpu", 16)
+    padded = op(x, *weights, COUNTS)
+    padded_grads = backward(grad, x, *weights, COUNTS, padded[1], padded[2], padded[0])
+
+    for a, b in zip(padded, unpadded):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for a, b in zip(padded_grads, unpadded_grads):
+        torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_per_expert_mm_rejects_counts_that_do_not_cover_the_rows():
+    x = torch.randn(int(COUNTS.sum()) + 1, D)
+    weights = [torch.randn(*shape) for shape in ((E, F, D), (E, D, F), (E, F, D))]
+    with pytest.raises(ValueError, match="sums to 24, but x has 25 rows"):
+        moe_swiglu_experts(x, *weights, COUNTS, kernel="per_expert_mm")
+
+
+def test_wrapper_rejects_mismatched_shapes_and_dtypes():
+    x = torch.randn(int(COUNTS.sum()), D)
+    w1, w2, w3 = torch.randn(E, F, D), torch.randn(E, D, F), torch.randn(E, F, D)
+    with pytest.raises(ValueError, match=r"w2 \[E, D, F\]"):
+        moe_swiglu_experts(x, w1, w1, w3, COUNTS)
+    with pytest.raises(ValueError, match="share a dtype"):
+        moe_swiglu_experts(x.bfloat16(), w1, w2, w3, COUNTS)
+    with pytest.raises(ValueError, match="integer tensor"):
+        moe_swiglu_experts(x, w1, w2, w3, COUNTS.float())
+
+
+@pytest.mark.parametrize("kernel", PORTABLE)
+def test_opcheck_schema_fake_and_autograd_registration(kernel):
+    op = KERNELS.select_kernel("moe_swiglu_experts", kernel, "cpu").op
+    x = torch.randn(int(COUNTS.sum()), D, requires_grad=True)
+    weights = [torch.randn(*shape, requires_grad=True) for shape in ((E, F, D), (E, D, F), (E, F, D))]
+    torch.library.opcheck(
+        op, (x, *weights, COUNTS), test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
+    )
+
+
+def test_fake_tensor_shapes_of_forward_and_backward():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(1000, D, dtype=torch.bfloat16)
+        w1, w2, w3 = torch.empty(E, F, D), torch.empty(E, D, F), torch.empty(E, F, D)
+        w1, w2, w3 = (w.bfloat16() for w in (w1, w2, w3))
+        counts = torch.empty(E, dtype=torch.int64)
+        for kernel in PORTABLE:
+            out, gate, up = KERNELS.op_overload("moe_swiglu_experts", kernel)(x, w1, w2, w3, counts)
+            assert (out.shape, gate.shape, up.shape) == ((1000, D), (1000, F), (1000, F))
+            assert out.dtype == torch.bfloat16
+            grads = KERNELS.op_overload("moe_swiglu_experts_backward", kernel)(out, x, w1, w2, w3, counts, gate, up, out)
+            assert [tuple(g.shape) for g in grads] == [(1000, D), (E, F, D), (E, D, F), (E, F, D)]
+
+
+def test_nki_plumbing_with_reference_kernels_matches_portable_kernel():
+    """The NKI impl's layout conversions, with the documented kernel math standing in for NKI."""
+    rows = int(COUNTS.sum())
+    x = torch.randn(rows, D)
+    weights = [torch.randn(*shape) * 0.2 for shape in ((E, F, D), (E, D, F), (E, F, D))]
+    grad = torch.randn(rows, D)
+    expected = KERNELS.op_overload("moe_swiglu_experts", "per_expert_mm")(x, *weights, COUNTS)
+    expected_grads = KERNELS.op_overload("moe_swiglu_experts_backward", "per_expert_mm")(
+        grad, x, *weights, COUNTS, expected[1], expected[2], expected[0]
+    )
+
+    for block_size in (4, 256):
+        out, gate, up = nki_moe_forward_with(blockwise_moe_reference, x, *weights, COUNTS, block_size=block_size)
+        for got, want in zip((out, gate, up), expected):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        grads = nki_moe_backward_with(
+            blockwise_moe_backward_reference, grad, x, *weights, COUNTS, gate, up, out, block_size=block_size
+        )
+        for got, want in zip(grads, expected_grads):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _install_fake_neuron_stack(monkeypatch, calls):
+    """Stand-ins for torch_neuronx/nki/nkilib with the documented signatures, running the references."""
+    import types
+
+    def module(name, **attrs):
+        mod = types.ModuleType(name)
+        mod.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, mod)
+        return mod
+
+    def nki_op(name, *, mutates_args):
+        return lambda fn: torch.library.custom_op(name, fn, mutates_args=mutates_args)
+
+    class _Launcher:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            calls.append(("grid", grid))
+            return self.kernel
+
+    def wrap_nki(kernel):
+        return _Launcher(kernel)
+
+    def moe_cte(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
+                token_position_to_id, block_to_expert, block_size, spec, conditions=None):
+        calls.append(("moe_cte", spec.implementation, spec.shard_on_I.checkpoint_activation))
+        return blockwise_moe_reference(
+            hidden_states=hidden_states, expert_affinities_masked=expert_affinities_masked,
+            gate_up_proj_weight=gate_up_proj_weight, down_proj_weight=down_proj_weight,
+            token_position_to_id=token_position_to_id, block_to_expert=block_to_expert, block_size=block_size,
+        )
+
+    def blockwise_mm_bwd(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
+                         gate_up_proj_act_checkpoint_T, down_proj_act_checkpoint, token_position_to_id,
+                         block_to_expert, output_hidden_states_grad, block_size, skip_dma=None):
+        calls.append(("blockwise_mm_bwd", block_size))
+        return blockwise_moe_backward_reference(
+            hidden_states=hidden_states, expert_affinities_masked=expert_affinities_masked,
+            gate_up_proj_weight=gate_up_proj_weight, down_proj_weight=down_proj_weight,
+            gate_up_proj_act_checkpoint_T=gate_up_proj_act_checkpoint_T,
+            down_proj_act_checkpoint=down_proj_act_checkpoint, token_position_to_id=token_position_to_id,
+            block_to_expert=block_to_expert, output_hidden_states_grad=output_hidden_states_grad,
+            block_size=block_size,
+        )
+
+    spec = types.SimpleNamespace
+    module("nki")
+    module("torch_neuronx", nki_op=nki_op, wrap_nki=wrap_nki)
+    module("torch_neuronx.utils", get_logical_neuron_cores=lambda: 2)
+    for name in ("nkilib", "nkilib.core", "nkilib.core.moe", "nkilib.core.moe.moe_cte",
+                 "nkilib.experimental", "nkilib.experimental.moe", "nkilib.experimental.moe.bwd"):
+        module(name)
+    module(
+        "nkilib.core.moe.moe_cte.moe_cte",
+        moe_cte=moe_cte,
+        MoECTEImplementation=types.SimpleNamespace(shard_on_i="shard_on_i"),
+        MoECTESpec=spec,
+        ShardOnIConfig=spec,
+    )
+    module("nkilib.experimental.moe.bwd.blockwise_mm_backward", blockwise_mm_bwd=blockwise_mm_bwd)
+
+
+def test_nki_kernel_contract_with_a_stand_in_neuron_stack(monkeypatch):
+    """Registers the nki kernel through nki_op into a private registry and runs fwd+bwd on the
+    stand-ins: checks the factory, the schema from annotations, the shared autograd and the
+    positional argument order of both kernel launches."""
+    from qwen3_trn.kernels import KernelRegistry
+    from qwen3_trn.kernels import nki_moe
+
+    calls: list = []
+    _install_fake_neuron_stack(monkeypatch, calls)
+    assert nki_moe.probe_nki() is None
+    registry = KernelRegistry(namespace="qwen3_trn_nki_contract")
+    registry.declare_op(moe_module.MOE_SWIGLU_EXPERTS)
+    registry.declare_op(moe_module.MOE_SWIGLU_EXPERTS_BACKWARD)
+    for op_name, fn in (("moe_swiglu_experts", nki_moe._nki_forward), ("moe_swiglu_experts_backward", nki_moe._nki_backward)):
+        registry.register_kernel(op_name, "nki", devices=("neuron",), available=nki_moe.probe_nki,
+                                 portable=False, op_factory=nki_moe.nki_op_factory)(fn)
+    op = registry.select_kernel("moe_swiglu_experts", "nki", "neuron").op
+
+    rows = int(COUNTS.sum())
+    x = torch.randn(rows, D, requires_grad=True)
+    weights = [(torch.randn(*shape) * 0.2).requires_grad_() for shape in ((E, F, D), (E, D, F), (E, F, D))]
+    out, gate, up = op(x, *weights, COUNTS)
+    grad = torch.randn(rows, D)
+    out.backward(grad)
+    assert not gate.requires_grad and not up.requires_grad
+
+    exact_out, exact_grads = _fp64_reference(x, *weights, COUNTS, grad)
+    torch.testing.assert_close(out.double(), exact_out, rtol=1e-4, atol=1e-4)
+    for got, exact in zip([x.grad] + [w.grad for w in weights], exact_grads):
+        torch.testing.assert_close(got.double(), exact, rtol=1e-4, atol=1e-4)
+    assert ("moe_cte", "shard_on_i", True) in calls and ("blockwise_mm_bwd", 256) in calls
+    assert ("grid", 2) in calls
