@@ -1,12 +1,15 @@
 """Per-step metrics file, live progress and the run summary, on top of torchtitan's metrics.
 
-``RunMetricsProcessor`` is torchtitan's ``MetricsProcessor`` with two more loggers on the
+``RunMetricsProcessor`` is torchtitan's ``MetricsProcessor`` with more loggers on the
 metrics rank: one JSON line per logged step in ``metrics.jsonl`` (the run's own record,
-read by reports) and a progress view on the console. Its ``close`` writes ``summary.json``.
+read by reports), a progress view on the console and, when ``logger.backends`` has wandb, the
+project's own wandb run (``qwen3_trn.tracking``, in place of torchtitan's env-var-only
+``WandBLogger``). Its ``close`` writes ``summary.json``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -17,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor
+
+from qwen3_trn.run_summary import summarize  # noqa: F401 - light module, shared with reports
 
 # torchtitan metric name -> name in metrics.jsonl
 _RENAMES = {
@@ -119,28 +124,22 @@ class ProgressLogger(BaseLogger):
             self._progress.stop()
 
 
-def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """First/last loss, steady-state throughput (step 1 excluded: it includes warm-up) and peaks."""
-    if not records:
-        return {"steps_logged": 0}
-    steady = [r for r in records[1:] if "tokens_per_s" in r] or records
-    mean = lambda key: sum(r.get(key, 0.0) for r in steady) / len(steady)  # noqa: E731
-    summary = {
-        "steps_logged": len(records),
-        "first_step": records[0]["step"],
-        "last_step": records[-1]["step"],
-        "first_loss": records[0].get("loss"),
-        "last_loss": records[-1].get("loss"),
-        "min_loss": min(r.get("loss", math.inf) for r in records),
-        "tokens_per_s": mean("tokens_per_s"),
-        "tokens_per_s_per_rank": mean("tokens_per_s_per_rank"),
-        "peak_memory_gib": max(r.get("memory_peak_gib", 0.0) for r in records),
-    }
-    if all("mfu_pct" in r for r in steady):
-        summary["mfu_pct"] = mean("mfu_pct")
-    if "seconds_since_launch" in records[0]:
-        summary["seconds_to_first_step"] = records[0]["seconds_since_launch"]
-    return summary
+class WandbMetricsLogger(BaseLogger):
+    """Feeds the project's wandb run the same per-step record as metrics.jsonl."""
+
+    def __init__(self, run, data_parallel: int, launch_time: float | None) -> None:
+        self.run = run
+        self.data_parallel = data_parallel
+        self.launch_time = launch_time
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        if "loss_metrics/global_avg_loss" in metrics:
+            self.run.log(metrics, step, _record(metrics, step, self.data_parallel, self.launch_time))
+        else:
+            self.run.log(metrics, step)
+
+    def close(self) -> None:
+        self.run.close()
 
 
 class RunMetricsProcessor(MetricsProcessor):
@@ -157,29 +156,45 @@ class RunMetricsProcessor(MetricsProcessor):
 
     def __init__(self, config: Config, **kwargs: Any) -> None:
         self._jsonl: JsonlLogger | None = None
+        self._wandb = None
         super().__init__(config, **kwargs)
 
     def _build_metric_logger(self, *, config: Config, parallel_dims, **kwargs: Any) -> BaseLogger:
         import torch.distributed as dist
         from torchtitan.components.metrics import _get_metrics_rank
 
-        base = super()._build_metric_logger(config=config, parallel_dims=parallel_dims, **kwargs)
+        # enable_wandb selects the project's own wandb run below, not torchtitan's WandBLogger.
+        use_wandb = config.enable_wandb
+        titan_config = dataclasses.replace(config, enable_wandb=False) if use_wandb else config
+        base = super()._build_metric_logger(config=titan_config, parallel_dims=parallel_dims, **kwargs)
         rank = dist.get_rank() if dist.is_initialized() else 0
         if rank != _get_metrics_rank(parallel_dims=parallel_dims, pp_schedule=kwargs.get("pp_schedule", "1F1B")):
             return base
         container = base if isinstance(base, LoggerContainer) else LoggerContainer()
         data_parallel = parallel_dims.dp_replicate * parallel_dims.dp_shard
         launch = os.environ.get("QWEN3_TRN_LAUNCH_TIME")
-        self._jsonl = JsonlLogger(Path(config.run_dir) / "metrics.jsonl", data_parallel, float(launch) if launch else None)
+        launch_time = float(launch) if launch else None
+        self._jsonl = JsonlLogger(Path(config.run_dir) / "metrics.jsonl", data_parallel, launch_time)
         container.add_logger(self._jsonl)
+        if use_wandb:
+            from qwen3_trn.tracking import start_wandb
+
+            self._wandb = start_wandb(Path(config.run_dir), config.run_info)
+            if self._wandb is not None:
+                container.add_logger(WandbMetricsLogger(self._wandb, data_parallel, launch_time))
         if config.console_progress:
             container.add_logger(ProgressLogger(config.total_steps, data_parallel))
         return container
 
     def close(self) -> None:
+        run_info = dict(self.config.run_info)
+        if self._wandb is not None:
+            if self._jsonl is not None:
+                self._wandb.set_summary(summarize(self._jsonl.records))
+            run_info["wandb_run"] = self._wandb.info()
         super().close()
         if self._jsonl is not None:
-            write_summary(Path(self.config.run_dir), self._jsonl.records, self.config.run_info)
+            write_summary(Path(self.config.run_dir), self._jsonl.records, run_info)
 
 
 def write_summary(run_dir: Path, records: list[dict[str, Any]], run_info: dict[str, Any], status: str | None = None) -> dict:

@@ -15,7 +15,7 @@ from torchtitan.models.common.moe import MoE
 from torchtitan.models.qwen3 import qwen3_configs, Qwen3Model
 
 from qwen3_trn.config.schema import ModelConfig
-from qwen3_trn.errors import ConfigError
+from qwen3_trn.errors import ConfigError, NotApplicable
 
 FLAVORS = tuple(qwen3_configs)
 MOE_KEYS = ("num_experts", "top_k", "moe_hidden_dim")
@@ -86,7 +86,7 @@ class Qwen3Architecture:
                 "a dense",
                 "num_experts/top_k/moe_hidden_dim apply to MoE flavors (debugmodel_moe, 30B-A3B, 235B-A22B)",
             )
-            raise ConfigError(f"model.{wrong_kind[0]}", f"model={model.flavor} is {kind} flavor: {other}.")
+            raise NotApplicable(f"model.{wrong_kind[0]}", f"model={model.flavor} is {kind} flavor: {other}.")
         arch = dataclasses.replace(self, **requested)
         arch.validate()
         return arch

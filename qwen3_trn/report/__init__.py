@@ -1,0 +1,66 @@
+"""Comparison reports over finished runs, without any server.
+
+``python -m qwen3_trn.report <sweep dir | run dirs...> [--out DIR] [--source auto|metrics|wandb] [--publish]``
+writes ``report.html`` (plots embedded: loss vs step per run, tokens/s, peak memory, MFU, final
+loss vs each swept key), ``report.md`` and ``report.csv`` (one row per run, failed and skipped
+jobs of a sweep included). Runs are read from their own files (``metrics.jsonl``,
+``summary.json``, ``overrides.yaml``) or, with ``--source wandb`` or when a run has no metrics
+file, from its offline wandb run. The swept keys are the overrides whose values differ between
+runs. ``--publish`` also tries to publish a wandb Report (``publish.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qwen3_trn.report.runs import Collection, ReportError, RunData, collect
+
+__all__ = ["build_report", "Collection", "ReportError", "ReportResult", "RunData", "collect"]
+
+
+@dataclass
+class ReportResult:
+    html: Path
+    markdown: Path
+    csv: Path
+    collection: Collection
+    notes: list[str] = field(default_factory=list)
+    published: bool = False
+
+
+def _notes(collection: Collection) -> list[str]:
+    notes = []
+    for run in collection.runs:
+        if run.status == "skipped":
+            notes.append(f"skipped {run.label}: does not apply: {run.note}")
+        elif run.status == "failed":
+            notes.append(f"failed {run.label}: {run.note or 'see its run directory'}")
+        elif run.status == "completed" and not run.records:
+            notes.append(f"{run.label}: no per-step metrics found (no metrics.jsonl and no offline wandb run)")
+    return notes
+
+
+def build_report(paths: list[Path | str], out_dir: Path | str | None = None, source: str = "auto",
+                 publish: bool = False, title: str | None = None) -> ReportResult:
+    from qwen3_trn.report.render import make_plots, render_html, render_markdown, write_csv
+
+    collection = collect([Path(p) for p in paths], source=source)
+    if title:
+        collection.title = title
+    out = Path(out_dir) if out_dir else (Path(paths[0]) if len(paths) == 1 and Path(paths[0]).is_dir() else Path("."))
+    out.mkdir(parents=True, exist_ok=True)
+    notes = _notes(collection)
+    published = False
+    if publish:
+        from qwen3_trn.report.publish import publish_report
+
+        published, line = publish_report(collection, title)
+        notes.append(line)
+    plots = make_plots(collection)
+    result = ReportResult(html=out / "report.html", markdown=out / "report.md", csv=out / "report.csv",
+                          collection=collection, notes=notes, published=published)
+    result.html.write_text(render_html(collection, plots, notes))
+    result.markdown.write_text(render_markdown(collection, plots, notes))
+    write_csv(result.csv, collection)
+    return result

@@ -1,0 +1,438 @@
+"""Multirun sweeps on Hydra's own launcher and sweeper: failure isolation, manifest, summary.
+
+``python -m qwen3_trn -m backend=native,hf_v5 model.top_k=1,2`` (or ``experiment=<name>`` with
+``hydra.sweeper.params``) runs one job per combination through Hydra's basic launcher, each job
+exactly like a single run (``qwen3_trn.app.execute``: its own run directory, its own process
+group and rendezvous). Under a multirun:
+
+- ``run_sweep_job`` (called by the task function) never lets a job's error end the sweep: a
+  ``NotApplicable`` error (a key that does not apply to that mode/model, e.g. ``model.top_k`` on
+  a dense model) marks the job *skipped*; any other error marks it *failed*, with the traceback
+  in ``<job dir>/error.log``. Either way ``<job dir>/job.json`` records it and the next job runs.
+- ``SweepCallback`` (``hydra.callbacks.sweep`` in ``conf/config.yaml``) writes
+  ``<sweep dir>/sweep.json`` at the start (the wandb group and the swept keys every job shares)
+  and, at the end, ``<sweep dir>/manifest.json`` (job -> overrides, run dir, wandb run id,
+  status, error, log, final figures, a rerun command), prints a sweep summary, builds the
+  comparison report (``qwen3_trn.report``) and exits 1 if any job failed.
+
+``python -m qwen3_trn.sweep <sweep dir>`` prints the summary of a finished sweep again.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+import traceback
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from hydra.experimental.callback import Callback
+
+SWEEP_FILE = "sweep.json"
+MANIFEST_FILE = "manifest.json"
+JOB_FILE = "job.json"
+ERROR_LOG = "error.log"
+# Statuses of jobs that run elsewhere (launcher=slurm) or only planned (mode=plan).
+OTHER_STATUSES = ("cancelled", "submitted", "pending", "running", "planned")
+FINAL_KEYS = ("steps_logged", "first_loss", "last_loss", "min_loss", "tokens_per_s", "peak_memory_gib", "mfu_pct", "wall_time_s")
+
+# Records of the jobs this process ran (Hydra's basic launcher runs them all here).
+_RESULTS: dict[int, dict[str, Any]] = {}
+
+
+# ------------------------------------------------------------------------------------------
+# Inside a job
+# ------------------------------------------------------------------------------------------
+
+
+def in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def override_key(override: str) -> str:
+    """``model.top_k`` of ``model.top_k=2`` (also ``+key=v``, ``++key=v``, ``~key``)."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _read_sweep_file(sweep_dir: Path) -> dict[str, Any]:
+    path = sweep_dir / SWEEP_FILE
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def job_context() -> dict[str, Any] | None:
+    """This job's place in the multirun, or None for a single run."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not in_multirun():
+        return None
+    hydra_cfg = HydraConfig.get()
+    sweep_dir = Path(str(hydra_cfg.sweep.dir)).resolve()
+    shared = _read_sweep_file(sweep_dir)
+    overrides = list(hydra_cfg.overrides.task)
+    swept = shared.get("swept_keys") or []
+    name = ",".join(o for o in overrides if override_key(o) in swept) or hydra_cfg.job.override_dirname or f"job{hydra_cfg.job.num}"
+    return {
+        "dir": str(sweep_dir),
+        "num": int(hydra_cfg.job.num),
+        "group": shared.get("group") or default_group(sweep_dir),
+        "experiment": shared.get("experiment"),
+        "swept_keys": swept,
+        "name": name,
+        "overrides": overrides,
+        "job_dir": str(Path(hydra_cfg.runtime.output_dir).resolve()),
+    }
+
+
+def default_group(sweep_dir: Path) -> str:
+    """A group name when sweep.json is missing: the sweep directory's last two parts."""
+    return "sweep-" + "_".join(sweep_dir.parts[-2:])
+
+
+def _final_figures(summary: dict[str, Any] | None) -> dict[str, Any]:
+    return {k: summary[k] for k in FINAL_KEYS if summary and summary.get(k) is not None}
+
+
+def rerun_command(overrides: list[str]) -> str:
+    """A single-run command for one job (``hydra.mode=RUN`` keeps an experiment's sweep off)."""
+    return " ".join(["python -m qwen3_trn", "hydra.mode=RUN", *(shlex.quote(o) for o in overrides)])
+
+
+def _holds_other_run(job_dir: Path) -> bool:
+    from qwen3_trn.outputs import RUN_MARKERS
+
+    return any((job_dir / name).exists() for name in (*RUN_MARKERS, JOB_FILE))
+
+
+def run_sweep_job(execute: Callable[[Any], dict | None], cfg_node: Any) -> dict[str, Any]:
+    """Run one multirun job; record its outcome instead of raising, so the sweep goes on."""
+    from qwen3_trn.errors import ConfigError, NotApplicable
+    from qwen3_trn.tracking import finish_dangling_run
+
+    ctx = job_context() or {}
+    job_dir = Path(ctx.get("job_dir", "."))
+    foreign = _holds_other_run(job_dir)
+    record: dict[str, Any] = {
+        "num": ctx.get("num"),
+        "name": ctx.get("name"),
+        "overrides": ctx.get("overrides", []),
+        "run_dir": str(job_dir),
+        "status": "running",
+        "started": time.time(),
+    }
+    summary = None
+    try:
+        summary = execute(cfg_node)
+        # launcher=slurm (jobs run on the cluster; states: qwen3_trn.launch.slurm) and mode=plan
+        record["status"] = summary["status"] if summary and summary.get("status") in ("submitted", "planned") else "completed"
+    except NotApplicable as exc:
+        record.update(status="skipped", reason=str(exc), error_key=exc.key)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a sweep records every failure and goes on
+        record.update(status="failed", error=describe_error(exc), error_type=type(exc).__name__)
+        if isinstance(exc, ConfigError):
+            record["error_key"] = exc.key
+        record["traceback"] = traceback.format_exc()
+    finally:
+        finish_dangling_run(exit_code=0 if record["status"] == "completed" else 1)
+        _destroy_process_group()
+    record["ended"] = time.time()
+    if summary is None and (job_dir / "summary.json").is_file() and not foreign:
+        summary = json.loads((job_dir / "summary.json").read_text())
+    if summary:
+        record["final"] = _final_figures(summary)
+        if summary.get("wandb_run_id"):
+            record["wandb_run_id"] = summary["wandb_run_id"]
+        if (summary.get("wandb_run") or {}).get("run_dir"):
+            record["wandb_dir"] = summary["wandb_run"]["run_dir"]
+        for key in ("slurm", "plan"):  # the Slurm job (id, state, logs); a planned job's world and submission
+            if summary.get(key):
+                record[key] = summary[key]
+        if summary.get("slurm") and record["status"] != "failed":
+            record["log"] = summary["slurm"].get("stdout")
+    if record["status"] == "failed":
+        record["rerun"] = rerun_command(record["overrides"])
+    if not foreign:
+        job_dir.mkdir(parents=True, exist_ok=True)
+        if record["status"] == "failed":
+            logs = sorted(str(p) for p in (job_dir / "logs").glob("rank*.log")) if (job_dir / "logs").is_dir() else []
+            (job_dir / ERROR_LOG).write_text(
+                f"job {record['num']}: {' '.join(record['overrides'])}\n{record['error']}\n\n{record.pop('traceback')}"
+                + (f"\nrank logs: {', '.join(logs)}\n" if logs else "")
+            )
+            record["log"] = str(job_dir / ERROR_LOG)
+            if logs:
+                record["rank_logs"] = logs
+        (job_dir / JOB_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n")
+    else:
+        record.pop("traceback", None)
+        record["note"] = f"{job_dir} already held a run; nothing was written there"
+    if record["num"] is not None:
+        _RESULTS[record["num"]] = record
+    print(f"[sweep] {_job_line(record)}", flush=True)
+    if ctx.get("dir"):  # so that an interrupted sweep still shows what ran
+        try:
+            write_manifest(Path(ctx["dir"]), collect_jobs(Path(ctx["dir"])), {"complete": False})
+        except OSError:
+            pass
+    return record
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line: for a multi-rank job, the first failing rank's own error (not the launcher's banner)."""
+    if hasattr(exc, "get_first_failure"):  # torch.distributed.elastic ChildFailedError
+        try:
+            rank, failure = exc.get_first_failure()
+            message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message or "")
+            if message:
+                return f"rank {rank} failed: {message.strip().splitlines()[0]}"[:500]
+            return f"rank {rank} failed with exit code {failure.exitcode} (see its log)"
+        except Exception:  # noqa: BLE001 - fall back to the exception's own text
+            pass
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return (f"{type(exc).__name__}: {lines[0].strip()}" if lines else type(exc).__name__)[:500]
+
+
+def _destroy_process_group() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------------
+# Manifest and summary
+# ------------------------------------------------------------------------------------------
+
+
+def _job_line(job: dict[str, Any]) -> str:
+    label = job.get("name") or " ".join(job.get("overrides", []))
+    status = job.get("status", "?")
+    head = f"#{job.get('num')} {status.upper() if status == 'failed' else status:<9} {label}"
+    if status == "completed":
+        f = job.get("final", {})
+        parts = []
+        if "first_loss" in f and "last_loss" in f:
+            parts.append(f"loss {f['first_loss']:.4f} -> {f['last_loss']:.4f}")
+        if "tokens_per_s" in f:
+            parts.append(f"{f['tokens_per_s']:,.0f} tok/s")
+        if "peak_memory_gib" in f:
+            parts.append(f"{f['peak_memory_gib']:.2f} GiB")
+        return f"{head}: {', '.join(parts)}  ({job.get('run_dir')})"
+    if status == "skipped":
+        return f"{head}: does not apply: {job.get('reason')}"
+    if status == "failed":
+        return f"{head}: {job.get('error')}  (log: {job.get('log') or job.get('run_dir')})"
+    if status == "planned" and job.get("plan"):
+        plan = job["plan"]
+        return f"{head}: world {plan.get('world_size')} on {plan.get('where')}  (plan: {plan.get('plan_file')})"
+    if job.get("slurm"):
+        slurm = job["slurm"]
+        return f"{head}: Slurm job {slurm.get('job_id')} {slurm.get('state') or ''}  (log: {slurm.get('stdout')})"
+    return head
+
+
+def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
+    """Every job of the sweep: this process's records, then job.json files (other launchers)."""
+    jobs = {num: dict(job) for num, job in _RESULTS.items() if Path(job.get("run_dir", "/")).resolve().is_relative_to(sweep_dir)}
+    for path in sorted(sweep_dir.glob(f"**/{JOB_FILE}")):
+        try:
+            job = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if job.get("num") is not None and job["num"] not in jobs:
+            jobs[job["num"]] = job
+    return [jobs[n] for n in sorted(jobs)]
+
+
+def write_manifest(sweep_dir: Path, jobs: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    shared = _read_sweep_file(sweep_dir)
+    counts = {s: sum(1 for j in jobs if j.get("status") == s) for s in ("completed", "failed", "skipped", *OTHER_STATUSES)}
+    manifest = {
+        "sweep_dir": str(sweep_dir),
+        "group": shared.get("group") or default_group(sweep_dir),
+        "experiment": shared.get("experiment"),
+        "swept_keys": shared.get("swept_keys", []),
+        "command": shared.get("command"),
+        "started": shared.get("started"),
+        "finished": time.time(),
+        "counts": {**counts, "total": len(jobs)},
+        "jobs": jobs,
+        "rerun_failed": [j["rerun"] for j in jobs if j.get("status") == "failed" and j.get("rerun")],
+        **(extra or {}),
+    }
+    (sweep_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    return manifest
+
+
+def format_summary(manifest: dict[str, Any]) -> str:
+    c = manifest["counts"]
+    lines = [
+        f"== sweep {manifest['sweep_dir']} ==",
+        f"{c['total']} jobs: {c['completed']} completed, {c['failed']} failed, {c['skipped']} skipped"
+        + "".join(f", {c[s]} {s}" for s in OTHER_STATUSES if c.get(s))
+        + f"   (wandb group {manifest['group']}; swept: {', '.join(manifest['swept_keys']) or '-'})",
+    ]
+    lines += ["  " + _job_line(job) for job in manifest["jobs"]]
+    if c["total"] and c["skipped"] == c["total"]:
+        lines.append("warning: every job was skipped, nothing trained (e.g. MoE keys with a dense model: add model=tiny_moe)")
+    lines.append(f"manifest: {Path(manifest['sweep_dir']) / MANIFEST_FILE}")
+    if manifest.get("report"):
+        lines.append(f"report:   {manifest['report']}")
+    if manifest["rerun_failed"]:
+        lines.append("rerun the failed jobs:")
+        lines += [f"  {cmd}" for cmd in manifest["rerun_failed"]]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------
+# Hydra callback
+# ------------------------------------------------------------------------------------------
+
+
+def _sweep_overrides(config: Any) -> dict[str, Any]:
+    """The sweep's overrides by key: ``hydra.sweeper.params``, then the command line (which wins)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = config.hydra.sweeper.get("params") or {}
+    entries = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    try:
+        parsed = OverridesParser.create().parse_overrides(entries)
+    except Exception:  # noqa: BLE001 - the sweeper itself reports malformed overrides
+        return {}
+    final: dict[str, Any] = {}
+    for override in parsed:
+        final[override.get_key_element().lstrip("+~")] = override
+    return final
+
+
+def swept_keys(config: Any) -> list[str]:
+    """Keys the sweep varies: ``hydra.sweeper.params`` and sweep overrides on the command line."""
+    return [key for key, override in _sweep_overrides(config).items() if override.is_sweep_override()]
+
+
+def unknown_group_options(config: Any) -> list[str]:
+    """Swept config-group options that do not exist (e.g. ``backend=nki_moe`` before that mode
+    is installed). Hydra would only find out when it reaches that job, and stop the sweep there."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    if not GlobalHydra.instance().is_initialized():
+        return []
+    loader = GlobalHydra.instance().config_loader()
+    groups = set(config.hydra.runtime.choices.keys())
+    problems = []
+    for key, override in _sweep_overrides(config).items():
+        if key not in groups or not override.is_sweep_override():
+            continue
+        try:
+            values = list(override.sweep_string_iterator())
+            options = loader.get_group_options(key)
+        except Exception:  # noqa: BLE001 - glob() and friends: let Hydra resolve them
+            continue
+        missing = [v for v in values if v not in options and v != "null"]
+        if missing:
+            problems.append(f"{key}={','.join(missing)}: no such option in group '{key}' (available: {', '.join(options)})")
+    return problems
+
+
+class SweepCallback(Callback):
+    """Hydra callback that turns a multirun into a sweep with a manifest and a report."""
+
+    def __init__(self, report: bool = True, publish: bool = False) -> None:
+        self.report = report
+        self.publish = publish
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        _RESULTS.clear()
+        problems = unknown_group_options(config)
+        if problems:  # before any job runs, rather than a crash at that job
+            print("error: this sweep cannot run:\n  " + "\n  ".join(problems), file=sys.stderr, flush=True)
+            sys.exit(2)
+        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        experiment = config.hydra.runtime.choices.get("experiment")
+        experiment = None if experiment in (None, "null") else str(experiment)
+        configured = config.get("logger", {}).get("wandb", {}).get("group")
+        group = configured or f"{experiment or 'sweep'}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+        shared = {
+            "dir": str(sweep_dir),
+            "group": group,
+            "experiment": experiment,
+            "swept_keys": swept_keys(config),
+            "command": " ".join(["python -m qwen3_trn", *(shlex.quote(a) for a in sys.argv[1:])]),
+            "started": time.time(),
+        }
+        (sweep_dir / SWEEP_FILE).write_text(json.dumps(shared, indent=2) + "\n")
+
+    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
+        """A job whose error escaped ``run_sweep_job`` (it should not) is still recorded."""
+        from hydra.core.utils import JobStatus
+
+        if job_return is None or job_return.status != JobStatus.FAILED:
+            return
+        num = int(config.hydra.job.num)
+        if num in _RESULTS and _RESULTS[num].get("status") != "running":
+            return
+        error = job_return._return_value
+        _RESULTS[num] = {
+            "num": num,
+            "name": config.hydra.job.override_dirname,
+            "overrides": list(job_return.overrides or []),
+            "run_dir": str(Path(str(config.hydra.runtime.output_dir)).resolve()),
+            "status": "failed",
+            "error": f"{type(error).__name__}: {error}",
+            "rerun": rerun_command(list(job_return.overrides or [])),
+        }
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+        jobs = collect_jobs(sweep_dir)
+        in_flight = False
+        if any(job.get("slurm") for job in jobs):  # launcher=slurm: states from Slurm, waiting if asked
+            from qwen3_trn.launch.slurm import IN_FLIGHT_STATUSES, settle_sweep_jobs
+
+            jobs = settle_sweep_jobs(jobs, wait=bool(config.get("launcher", {}).get("wait", False)))
+            in_flight = any(job.get("status") in IN_FLIGHT_STATUSES for job in jobs)
+        manifest = write_manifest(sweep_dir, jobs, {"complete": not in_flight})
+        if in_flight:
+            print(f"[sweep] jobs still queued or running on Slurm; refresh their states with: python -m qwen3_trn.launch.slurm status {sweep_dir}", flush=True)
+        if self.report and jobs and not in_flight and not all(job.get("status") == "planned" for job in jobs):
+            try:
+                from qwen3_trn.report import build_report
+
+                result = build_report([sweep_dir], out_dir=sweep_dir, publish=self.publish)
+                manifest = write_manifest(sweep_dir, jobs, {"complete": True, "report": str(result.html), "report_notes": result.notes})
+            except Exception as exc:  # noqa: BLE001 - the sweep's outcome must still be reported
+                manifest = write_manifest(sweep_dir, jobs, {"complete": True, "report_error": f"{type(exc).__name__}: {exc}"})
+                print(f"[sweep] the comparison report could not be built: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(format_summary(manifest), flush=True)
+        if manifest["counts"]["failed"] or manifest["counts"]["cancelled"]:
+            print(f"[sweep] {manifest['counts']['failed']} of {manifest['counts']['total']} jobs failed"
+                  + (f", {manifest['counts']['cancelled']} cancelled" if manifest["counts"]["cancelled"] else ""), file=sys.stderr, flush=True)
+            sys.exit(1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m qwen3_trn.sweep", description="Print a finished sweep's summary.")
+    parser.add_argument("sweep_dir")
+    args = parser.parse_args(argv)
+    path = Path(args.sweep_dir) / MANIFEST_FILE
+    if not path.is_file():
+        parser.error(f"{path} does not exist (is {args.sweep_dir} a sweep directory?)")
+    manifest = json.loads(path.read_text())
+    print(format_summary(manifest))
+    sys.exit(1 if manifest["counts"]["failed"] else 0)
+
+
+if __name__ == "__main__":
+    main()

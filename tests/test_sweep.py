@@ -1,0 +1,192 @@
+"""Real multirun sweeps on the CPU through the command line: one run directory and one offline
+wandb run per job, shared group, failure isolation, skipped combinations, manifest, report."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qwen3_trn.backends import BACKENDS
+from qwen3_trn.report.wandb_offline import find_run_files, read_offline_run
+from tests.conftest import read_metrics, run_cli
+
+
+
+# Tiny and short: each trained job is a few seconds after the first one's imports.
+TINY = ["training.steps=3", "training.seq_len=64", "optimizer.warmup_steps=1"]
+
+
+def run_sweep(args: list[str], sweep_dir: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    return run_cli([*args, f"hydra.sweep.dir={sweep_dir}"], timeout=timeout)
+
+
+def manifest_of(sweep_dir: Path) -> dict:
+    return json.loads((sweep_dir / "manifest.json").read_text())
+
+
+def _explain(result: subprocess.CompletedProcess) -> str:
+    return f"exit {result.returncode}\nstdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-4000:]}"
+
+
+def assert_tracked_jobs(manifest: dict, mode_of: dict[int, str] | None = None) -> list:
+    """Every completed job: its own run dir with metrics and exactly one offline wandb run,
+    in the sweep's group, job_type = its mode, name from its overrides, real tags, full config."""
+    runs = []
+    for job in manifest["jobs"]:
+        if job["status"] != "completed":
+            continue
+        run_dir = Path(job["run_dir"])
+        records = read_metrics(run_dir)
+        assert [r["step"] for r in records] == [1, 2, 3]
+        files = find_run_files(run_dir)
+        assert len(files) == 1, files
+        run = read_offline_run(files[0])
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert run.id == job["wandb_run_id"] == summary["wandb_run_id"]
+        assert run.group == manifest["group"]
+        mode = (mode_of or {}).get(job["num"], summary["backend"])
+        assert run.job_type == mode and run.config["run"]["mode"] == mode
+        assert run.name == job["name"] and run.name  # the swept overrides, e.g. "model.top_k=1,model.n_layers=2"
+        assert {"sweep", mode, "cpu"} <= set(run.tags) and all(len(t) > 1 for t in run.tags)  # not split into letters
+        # the project's composed config, not only torchtitan's, plus mode/kernel/device/git revision
+        assert run.config["training"]["steps"] == 3 and run.config["model"]["flavor"]
+        assert {"mode", "kernel", "device", "git_revision", "overrides"} <= run.config["run"].keys()
+        assert re.fullmatch(r"[0-9a-f]{40}|unknown", run.config["run"]["git_revision"])
+        assert run.config["run"]["overrides"] == job["overrides"]
+        # per step: loss, grad norm, lr, tokens/s, MFU (meaningful on CPU here), memory
+        assert [row["_step"] for row in run.history] == [1, 2, 3]
+        expected = {"loss", "grad_norm", "lr", "tokens_per_s", "memory_peak_gib"}
+        if mode == "native" or "mfu_pct" in records[0]:  # MFU where the run measures it (always on native CPU)
+            expected.add("mfu_pct")
+        for row in run.history:
+            assert expected <= row.keys(), row.keys()
+        assert run.exit_code == 0 and run.summary["last_loss"] == pytest.approx(records[-1]["loss"])
+        runs.append(run)
+    return runs
+
+
+@pytest.mark.slow
+def test_moe_grid_sweep_tracks_every_job_and_reports(tmp_path):
+    sweep_dir = tmp_path / "grid"
+    # experiment=moe_grid sweeps top_k x n_layers; the command line narrows both lists (2 x 2 jobs).
+    result = run_sweep(["experiment=moe_grid", "model.top_k=1,2", "model.n_layers=1,2", *TINY], sweep_dir)
+    assert result.returncode == 0, _explain(result)
+    manifest = manifest_of(sweep_dir)
+    assert manifest["counts"] == {"completed": 4, "failed": 0, "skipped": 0, "total": 4}
+    assert manifest["experiment"] == "moe_grid" and manifest["swept_keys"] == ["model.top_k", "model.n_layers"]
+    combos = {(job["num"], tuple(o for o in job["overrides"] if o.startswith(("model.top_k", "model.n_layers")))) for job in manifest["jobs"]}
+    assert {c[1] for c in combos} == {(f"model.top_k={k}", f"model.n_layers={n}") for k in (1, 2) for n in (1, 2)}
+    assert len({job["run_dir"] for job in manifest["jobs"]}) == 4
+    for job in manifest["jobs"]:
+        summary = json.loads((Path(job["run_dir"]) / "summary.json").read_text())
+        k, n = (int(o.split("=")[1]) for o in job["overrides"] if o.startswith(("model.top_k", "model.n_layers")))
+        assert summary["architecture"]["top_k"] == k and summary["architecture"]["n_layers"] == n
+        assert job["final"]["last_loss"] == summary["last_loss"]
+    runs = assert_tracked_jobs(manifest)
+    assert {"moe_grid"} <= set(runs[0].tags)
+    assert runs[0].config["model"]["top_k"] in (1, 2)
+
+    # wandb's own tool reads the same run: tags are a list, group and job type as logged
+    leet = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--summary", "--json", str(find_run_files(Path(manifest["jobs"][0]["run_dir"]))[0])],
+                          capture_output=True, text=True, timeout=120)
+    assert leet.returncode == 0, leet.stderr
+    seen = json.loads(leet.stdout)
+    assert seen["tags"] == runs[0].tags and seen["run_id"] == runs[0].id and seen["name"] == runs[0].name
+
+    # the sweep's own report: every job, plots, final loss vs each swept key
+    html = (sweep_dir / "report.html").read_text()
+    assert html.count("<tr data-run=") == 4
+    for plot in ("loss_vs_step", "tokens_per_s", "peak_memory", "final_loss_vs_model.top_k", "final_loss_vs_model.n_layers"):
+        assert f'id="{plot}"' in html
+    with (sweep_dir / "report.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"completed"} and all(r["source"] == "metrics" for r in rows)
+    assert "report:" in result.stdout and "4 jobs: 4 completed, 0 failed, 0 skipped" in result.stdout
+
+    # on demand, from the offline wandb runs alone: the same figures
+    out = tmp_path / "from_wandb"
+    done = subprocess.run([sys.executable, "-m", "qwen3_trn.report", str(sweep_dir), "--source", "wandb", "--out", str(out)],
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    with (out / "report.csv").open() as handle:
+        from_wandb = {r["run"]: r for r in csv.DictReader(handle)}
+    assert {r["source"] for r in from_wandb.values()} == {"wandb"}
+    for row in rows:
+        assert float(from_wandb[row["run"]]["final_loss"]) == pytest.approx(float(row["final_loss"]))
+
+
+@pytest.mark.slow
+def test_failing_job_does_not_stop_the_sweep(tmp_path):
+    """Job order: two dense jobs where model.top_k does not apply (skipped), a job that fails in
+    training (unknown optimizer), then one that must still train."""
+    sweep_dir = tmp_path / "sweep"
+    args = ["model=tiny,tiny_moe", "model.top_k=1", "optimizer.name=Bogus,AdamW", *TINY]
+    result = run_sweep(["-m", *args], sweep_dir)
+    assert result.returncode == 1, _explain(result)
+    manifest = manifest_of(sweep_dir)
+    assert manifest["counts"] == {"completed": 1, "failed": 1, "skipped": 2, "total": 4}
+    jobs = {job["num"]: job for job in manifest["jobs"]}
+    assert [jobs[n]["status"] for n in range(4)] == ["skipped", "skipped", "failed", "completed"]
+
+    for n in (0, 1):
+        assert jobs[n]["error_key"] == "model.top_k" and "dense flavor" in jobs[n]["reason"]
+        assert not (Path(jobs[n]["run_dir"]) / "config.yaml").exists()
+    failed = jobs[2]
+    assert failed["overrides"] == ["model=tiny_moe", "model.top_k=1", "optimizer.name=Bogus", *TINY]
+    assert "Bogus" in failed["error"] and Path(failed["log"]).is_file()
+    assert "Traceback" in Path(failed["log"]).read_text()
+    assert failed["rerun"].startswith("python -m qwen3_trn hydra.mode=RUN model=tiny_moe")
+    assert manifest["rerun_failed"] == [failed["rerun"]]
+    assert json.loads((Path(failed["run_dir"]) / "summary.json").read_text())["status"] == "failed"
+    # the failed job's wandb run is closed as failed, the next job's run is its own
+    failed_run = read_offline_run(find_run_files(Path(failed["run_dir"]))[0])
+    assert failed_run.exit_code == 1
+    assert_tracked_jobs(manifest)
+
+    # the console summary: one line per job, skips and the failure with its log
+    out = result.stdout
+    assert re.search(r"#0 skipped .*does not apply: model.top_k", out)
+    assert re.search(r"#2 FAILED .*Bogus.*log: .*error.log", out)
+    assert re.search(r"#3 completed .*loss", out)
+    assert "1 of 4 jobs failed" in result.stderr
+    html = (sweep_dir / "report.html").read_text()
+    assert html.count("<tr data-run=") == 4 and 'data-status="failed"' in html and 'data-status="skipped"' in html
+
+    # the summary can be printed again from the manifest, with the same exit status
+    again = subprocess.run([sys.executable, "-m", "qwen3_trn.sweep", str(sweep_dir)], cwd=Path(__file__).resolve().parents[1],
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 1 and "#2 FAILED" in again.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not {"native", "hf_v5", "nki_moe"} <= set(BACKENDS),
+                    reason=f"the three-mode sweep needs backends native, hf_v5 and nki_moe; registered: {', '.join(BACKENDS)}")
+def test_three_modes_side_by_side(tmp_path):
+    sweep_dir = tmp_path / "modes"
+    result = run_sweep(["experiment=modes", *TINY], sweep_dir)
+    assert result.returncode == 0, _explain(result)
+    manifest = manifest_of(sweep_dir)
+    assert manifest["counts"]["completed"] == 3 and manifest["swept_keys"] == ["backend"]
+    modes = {job["num"]: next(o.split("=")[1] for o in job["overrides"] if o.startswith("backend=")) for job in manifest["jobs"]}
+    assert sorted(modes.values()) == ["hf_v5", "native", "nki_moe"]
+    runs = assert_tracked_jobs(manifest, modes)
+    assert {run.job_type for run in runs} == {"native", "hf_v5", "nki_moe"}
+    # the same architecture, data and seed in every mode
+    configs = [run.config for run in runs]
+    for key in ("model", "data", "training"):
+        assert all(c[key] == configs[0][key] for c in configs), key
+    assert (sweep_dir / "report.html").read_text().count("<tr data-run=") == 3
+
+
+def test_sweep_over_a_missing_option_stops_before_any_job(tmp_path):
+    sweep_dir = tmp_path / "bad"
+    result = run_sweep(["-m", "backend=native,no_such_mode", *TINY], sweep_dir, timeout=120)
+    assert result.returncode == 2
+    assert "backend=no_such_mode: no such option in group 'backend'" in result.stderr and "native" in result.stderr
+    assert not (sweep_dir / "0").exists()
