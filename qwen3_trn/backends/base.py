@@ -13,6 +13,11 @@ from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.models.architecture import Qwen3Architecture
 
 
+def flavor_architecture(cfg: RunConfig) -> Qwen3Architecture:
+    """The model group's torchtitan flavor with its overrides applied."""
+    return Qwen3Architecture.of_flavor(cfg.model.flavor).with_overrides(cfg.model)
+
+
 def _no_checks(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> None:
     return None
 
@@ -37,3 +42,5 @@ class Backend:
     prepare_process: Callable[[RunConfig, DeviceSpec], None] = field(default=lambda cfg, device: None)
     # Extra Trainer.Config fields this mode sets (e.g. hf_model for the HF backend).
     trainer_fields: Callable[[RunConfig], dict[str, Any]] = field(default=lambda cfg: {})
+    # The architecture the config describes (hf_v5 reads it from model.hf_model when given).
+    architecture: Callable[[RunConfig], Qwen3Architecture] = flavor_architecture

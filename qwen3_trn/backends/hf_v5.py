@@ -1,0 +1,243 @@
+"""backend=hf_v5: Qwen3 built by Hugging Face Transformers v5 inside torchtitan's
+``transformers_modeling_backend`` trainer, with HF safetensors in and out.
+
+The model is ``AutoModelForCausalLM``-style: torchtitan's ``HFTransformerModel`` instantiates the
+class named in an HF ``config.json`` (``Qwen3ForCausalLM`` or ``Qwen3MoeForCausalLM``). That
+config comes from ``qwen3_trn.models.hf_config``: built from the ``model`` group (so
+``model=0.6B`` means the same architecture as in backend=native), or read from
+``model.hf_model`` (hub id or local directory) with the group's overrides on top.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, get_args
+
+from torchtitan.protocols.model_spec import ModelSpec
+
+from qwen3_trn.backends.base import Backend, flavor_architecture
+from qwen3_trn.config.schema import RunConfig
+from qwen3_trn.devices import DeviceSpec
+from qwen3_trn.errors import ConfigError
+from qwen3_trn.models.architecture import Qwen3Architecture
+from qwen3_trn.models.hf_config import (
+    hf_architecture_name,
+    hf_config_dict,
+    hf_model_architecture,
+    load_hf_config,
+    write_hf_config_dir,
+)
+
+# The name torchtitan registers its flex-attention shim under in transformers' AttentionInterface.
+TITAN_ATTENTION = "flex_torchtitan"
+CPU_ATTENTION = "qwen3_trn_causal_sdpa"
+
+
+def experts_implementations() -> tuple[str, ...]:
+    """The values torchtitan's TitanMoeModelConfig.experts_implementation accepts."""
+    from torchtitan.experiments.transformers_modeling_backend import TitanMoeModelConfig
+
+    return tuple(get_args(TitanMoeModelConfig.__dataclass_fields__["experts_implementation"].type)) or (
+        "grouped_mm", "batched_mm", "eager", "native",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Architecture and HF config
+# --------------------------------------------------------------------------------------------
+
+
+def architecture(cfg: RunConfig) -> Qwen3Architecture:
+    """model.hf_model's config with the model group's overrides, else the model group's flavor."""
+    if cfg.model.hf_model:
+        return hf_model_architecture(cfg.model)
+    return flavor_architecture(cfg)
+
+
+def hf_config_dir(cfg: RunConfig, arch: Qwen3Architecture | None = None) -> str:
+    """The directory holding the config.json torchtitan's transformers backend loads."""
+    return str(write_hf_config_dir(hf_config_dict(arch or architecture(cfg), _base(cfg))))
+
+
+def _base(cfg: RunConfig) -> dict[str, Any] | None:
+    """model.hf_model's config.json (whose other fields the written config keeps), if given."""
+    return load_hf_config(cfg.model.hf_model) if cfg.model.hf_model else None
+
+
+# --------------------------------------------------------------------------------------------
+# CPU: the attention path
+# --------------------------------------------------------------------------------------------
+
+
+def _causal_sdpa_attention(module, query, key, value, attention_mask, **kwargs):
+    """Causal SDPA for HF attention modules (the mask argument is None on CPU, see below)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    kwargs.pop("is_causal", None)
+    return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)
+
+
+def _no_attention_masks(positions):
+    return None
+
+
+def use_causal_sdpa_attention_on_cpu(model_config: Any | None = None, parallelize_fn: Callable | None = None):
+    """CPU adaptation of the attention path of torchtitan's transformers backend.
+
+    torchtitan routes every HF attention layer through FlexAttention: ``HFTransformerModel.Config``
+    registers ``_flex_attention_torchtitan`` as "flex_torchtitan" in transformers'
+    ``AttentionInterface`` and sets the HF config's ``_attn_implementation`` to it, and
+    ``HFTransformerModel.forward`` builds a causal flex ``BlockMask`` (``get_attention_masks``)
+    for every batch. FlexAttention has no backward on CPU, and the BlockMask is compiled with
+    inductor on first use (seconds on CPU). On CPU this instead
+
+    * registers a causal SDPA function as "qwen3_trn_causal_sdpa" (always; idempotent),
+    * points ``model_config`` (an ``HFTransformerModel.Config``) at it, and
+    * wraps ``parallelize_fn`` so the built model makes no BlockMask (transformers then passes
+      no mask to a custom attention function, and SDPA runs causal).
+
+    Same causal masking as torchtitan's default ``attn_mask_type="causal"``; like backend=native's
+    SDPA on CPU, documents packed into one row are not separated. Called only when the device
+    is the CPU; CUDA and Neuron keep torchtitan's flex path. Returns the wrapped parallelize_fn.
+    """
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface._global_mapping[CPU_ATTENTION] = _causal_sdpa_attention
+    if model_config is not None:
+        model_config._titan_injected_model_args["attn_implementation"] = CPU_ATTENTION
+        model_config.attn_implementation = CPU_ATTENTION
+        model_config._attn_implementation = CPU_ATTENTION
+    if parallelize_fn is None:
+        return None
+
+    @functools.wraps(parallelize_fn)
+    def parallelize(model, **kwargs):
+        model.get_attention_masks = _no_attention_masks
+        return parallelize_fn(model, **kwargs)
+
+    return parallelize
+
+
+# --------------------------------------------------------------------------------------------
+# Backend hooks
+# --------------------------------------------------------------------------------------------
+
+
+def build_model_config(cfg: RunConfig, arch: Qwen3Architecture):
+    """torchtitan's ``HFTransformerModel.Config`` for the architecture: every size comes from
+    the HF config.json (no flavor overrides), only the MoE kernel choice is set here."""
+    from torchtitan.experiments.transformers_modeling_backend import (
+        HFTransformerModel,
+        TitanModelConfig,
+        TitanMoeModelConfig,
+    )
+
+    if arch.is_moe:
+        titan = TitanMoeModelConfig()
+        if cfg.backend.hf_experts_implementation:
+            titan.experts_implementation = cfg.backend.hf_experts_implementation
+    else:
+        titan = TitanModelConfig()
+    return HFTransformerModel.Config(model_config=titan)
+
+
+def model_spec(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> ModelSpec:
+    from torchtitan.components.optimizer import register_moe_load_balancing_hook
+    from torchtitan.experiments.transformers_modeling_backend.parallelize import parallelize_hf_transformers
+    from torchtitan.experiments.transformers_modeling_backend.pipeline import pipeline_hf_transformers
+
+    from qwen3_trn.hf.model import parallelize_keeping_tied_embeddings
+    from qwen3_trn.hf.state_dict import Qwen3HFStateDictAdapter
+
+    config = build_model_config(cfg, arch)
+    parallelize = parallelize_keeping_tied_embeddings(parallelize_hf_transformers)
+    if device.type == "cpu":
+        parallelize = use_causal_sdpa_attention_on_cpu(config, parallelize)
+    return ModelSpec(
+        name="transformers_modeling_backend",
+        flavor=hf_architecture_name(arch),
+        model=config,
+        parallelize_fn=parallelize,
+        pipelining_fn=pipeline_hf_transformers,
+        post_optimizer_build_fn=register_moe_load_balancing_hook,
+        state_dict_adapter=Qwen3HFStateDictAdapter,
+    )
+
+
+def trainer_config_class():
+    from qwen3_trn.hf.trainer import Qwen3HFTrainer
+
+    return Qwen3HFTrainer.Config
+
+
+def trainer_fields(cfg: RunConfig) -> dict[str, Any]:
+    return {"hf_model": hf_config_dir(cfg)}
+
+
+def validate(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> None:
+    impl = cfg.backend.hf_experts_implementation
+    if impl is not None:
+        allowed = experts_implementations()
+        if not arch.is_moe:
+            raise ConfigError(
+                "backend.hf_experts_implementation",
+                f"'{impl}' selects the HF experts kernel of an MoE model, but this model is dense "
+                f"({hf_architecture_name(arch)}); unset it (backend.hf_experts_implementation=null) or train an MoE "
+                "(model=tiny_moe, model=30B-A3B).",
+            )
+        if impl not in allowed:
+            raise ConfigError(
+                "backend.hf_experts_implementation",
+                f"'{impl}' is not one torchtitan's transformers backend accepts; use one of {', '.join(allowed)}.",
+            )
+    used = "sdpa" if device.type == "cpu" else "flex"
+    if cfg.model.attention not in ("auto", used):
+        raise ConfigError(
+            "model.attention",
+            f"'{cfg.model.attention}' selects backend=native's inner attention; backend=hf_v5 runs HF attention through "
+            f"torchtitan's flex path ({used} on {device.type}: causal SDPA on CPU, FlexAttention elsewhere). "
+            "Leave model.attention=auto.",
+        )
+    if arch.tie_embeddings and (cfg.parallelism.tp != 1 or cfg.parallelism.pp != 1):
+        key = "parallelism.tp" if cfg.parallelism.tp != 1 else "parallelism.pp"
+        raise ConfigError(
+            key,
+            f"this Qwen3 ties its input and output embeddings ({hf_architecture_name(arch)}, tie_word_embeddings); "
+            "backend=hf_v5 keeps them tied under data parallelism (FSDP/HSDP) only (qwen3_trn.hf.model.TiedLMHead); "
+            "torchtitan's transformers backend un-ties them for FSDP, after which its output-layer copy is left out "
+            "of the optimizer and dropped by the HF export. Use parallelism.tp=1 "
+            "parallelism.pp=1, or backend=native for tensor/pipeline parallelism of tied models.",
+        )
+    if cfg.checkpoint.initial_load_path and not cfg.checkpoint.resume_from:
+        from qwen3_trn.hf.checkpoint import check_hf_checkpoint
+
+        check_hf_checkpoint(cfg.checkpoint.initial_load_path, hf_config_dict(arch, _base(cfg)), key="checkpoint.initial_load_path")
+
+
+def run_info(cfg: RunConfig, device: DeviceSpec) -> dict[str, Any]:
+    arch = architecture(cfg)
+    return {
+        "hf_model": cfg.model.hf_model or "(built from the model group)",
+        "hf_architecture": hf_architecture_name(arch),
+        "hf_config_dir": hf_config_dir(cfg, arch),
+        "hf_attention": CPU_ATTENTION if device.type == "cpu" else TITAN_ATTENTION,
+        **({"hf_experts_implementation": cfg.backend.hf_experts_implementation or "grouped_mm"} if arch.is_moe else {}),
+    }
+
+
+def prepare_process(cfg: RunConfig, device: DeviceSpec) -> None:
+    if device.type == "cpu":
+        use_causal_sdpa_attention_on_cpu()
+
+
+HF_V5 = Backend(
+    name="hf_v5",
+    description="Qwen3 built by Hugging Face Transformers v5 in torchtitan's transformers_modeling_backend",
+    model_spec=model_spec,
+    trainer_config_class=trainer_config_class,
+    validate=validate,
+    run_info=run_info,
+    prepare_process=prepare_process,
+    trainer_fields=trainer_fields,
+    architecture=architecture,
+)

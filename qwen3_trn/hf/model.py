@@ -1,0 +1,196 @@
+"""Two adaptations of torchtitan's transformers-backend model that make it train like native Qwen3.
+
+1. Tied embeddings stay tied (``parallelize_keeping_tied_embeddings``).
+   torchtitan's ``parallelize_hf_transformers`` starts by un-tying ``lm_head.weight`` from
+   ``embed_tokens.weight`` (a clone, for FSDP), then ``HFTransformerModel.init_states`` calls
+   ``tie_weights()`` again after FSDP wrapping. The optimizer then sees one parameter while the
+   forward uses the clone FSDP keeps restoring on ``lm_head``: the output layer never trains and
+   an HF export (which drops ``lm_head.weight`` for tied models) is not the model that trained.
+   Replacing ``lm_head`` with ``TiedLMHead`` (no parameter of its own; it reads the embedding's
+   weight) before torchtitan's parallelize keeps one shared parameter, which torchtitan's
+   ``apply_fsdp`` already groups with the embedding in one FSDP unit, as native Qwen3 does.
+
+2. Buffers torchtitan leaves uninitialised (``reset_unset_buffers``). The trainer builds the
+   model on the meta device, parallelizes it, then ``to_empty()`` + ``init_states()``:
+   * ``HFTransformerModel.init_states`` recomputes each rotary embedding's ``inv_freq`` from a
+     ``rope_init_fn`` attribute that transformers 5.24's ``Qwen3RotaryEmbedding`` no longer
+     has, so RoPE ran on garbage memory (random positions, sometimes a NaN loss);
+   * the Titan ``MoE`` modules swapped in for Qwen3-MoE blocks zero their load-balancing
+     buffers (``expert_bias_E``, ``tokens_per_expert_E``) at swap time, before ``to_empty()``,
+     and ``HFTransformerModel.init_states`` never re-initialises them, so tokens were routed by
+     ``scores + garbage``.
+   Rotary buffers are not in checkpoints and ``expert_bias`` has no HF slot, so this runs on
+   every build, with or without a checkpoint to load.
+
+3. Native Qwen3 initialisation (``init_like_native``).
+   torchtitan's HF init patch draws a tied embedding with std ``hidden_size**-0.5`` (0.0625 at
+   dim 256, giving an initial loss near 14 on the tiny model) and all experts with std 0.02;
+   native torchtitan Qwen3 uses std 0.02 everywhere, depth-scaled residual outputs in MoE
+   layers, and ones for norms. Re-drawing the HF parameters with native's own init functions
+   makes both modes start from the same distribution (same initial loss scale).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class TiedLMHead(nn.Module):
+    """An output projection that uses the input embedding's weight (no parameter of its own)."""
+
+    def __init__(self, embedding: nn.Module) -> None:
+        super().__init__()
+        # A tuple, so the embedding is not registered twice in the module tree / state dict.
+        self._tied_to = (embedding,)
+        self.bias = None
+        self.in_features = embedding.weight.shape[1]
+        self.out_features = embedding.weight.shape[0]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self._tied_to[0].weight
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # transformers' tie_weights() assigns the embedding weight to lm_head.weight: already so.
+        if name == "weight":
+            if value is not self._tied_to[0].weight:
+                raise ValueError("TiedLMHead's weight is the input embedding's weight; it cannot be replaced.")
+            return
+        super().__setattr__(name, value)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden_states, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, tied to the input embedding"
+
+
+def is_tied(model: nn.Module) -> bool:
+    head, embedding = model.lm_head, model.tok_embeddings
+    return isinstance(head, TiedLMHead) or (
+        getattr(head, "weight", None) is not None and head.weight is getattr(embedding, "weight", None)
+    )
+
+
+def keep_embeddings_tied(model: nn.Module) -> bool:
+    """Swap a tied ``lm_head`` for ``TiedLMHead``; True when the model is tied."""
+    if isinstance(model.lm_head, TiedLMHead):
+        return True
+    if not is_tied(model):
+        return False
+    model.lm_head = TiedLMHead(model.tok_embeddings)
+    return True
+
+
+def parallelize_keeping_tied_embeddings(parallelize_fn: Callable) -> Callable:
+    """``parallelize_fn`` (torchtitan's ``parallelize_hf_transformers``) on a model whose tied
+    ``lm_head`` was first replaced by ``TiedLMHead`` (see the module docstring)."""
+
+    @functools.wraps(parallelize_fn)
+    def parallelize(model: nn.Module, **kwargs):
+        keep_embeddings_tied(model)
+        return parallelize_fn(model, **kwargs)
+
+    return parallelize
+
+
+# --------------------------------------------------------------------------------------------
+# Rotary buffers
+# --------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def reset_rotary_buffers(model: nn.Module) -> int:
+    """Recompute ``inv_freq`` / ``original_inv_freq`` / ``attention_scaling`` of every HF rotary
+    embedding as its ``__init__`` does; returns how many modules were reset."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    count = 0
+    for module in model.modules():
+        inv_freq = getattr(module, "inv_freq", None)
+        config = getattr(module, "config", None)
+        if inv_freq is None or config is None or not hasattr(module, "rope_type"):
+            continue
+        if module.rope_type == "default" and hasattr(module, "compute_default_rope_parameters"):
+            init_fn = module.compute_default_rope_parameters
+        else:
+            init_fn = ROPE_INIT_FUNCTIONS[module.rope_type]
+        local = inv_freq.to_local() if hasattr(inv_freq, "to_local") else inv_freq
+        value, module.attention_scaling = init_fn(config, device=local.device)
+        local.copy_(value.to(local.dtype))
+        original = getattr(module, "original_inv_freq", None)
+        if original is not None:
+            (original.to_local() if hasattr(original, "to_local") else original).copy_(value.to(local.dtype))
+        count += 1
+    return count
+
+
+@torch.no_grad()
+def reset_moe_buffers(model: nn.Module) -> int:
+    """Zero the Titan MoE load-balancing buffers in place (as ``MoE._init_self_buffers`` does)."""
+    from torchtitan.models.common.moe import MoE
+
+    count = 0
+    for module in model.modules():
+        if isinstance(module, MoE):
+            for name in ("expert_bias_E", "tokens_per_expert_E"):
+                buffer = getattr(module, name, None)
+                if buffer is not None:
+                    (buffer.to_local() if hasattr(buffer, "to_local") else buffer).zero_()
+            count += 1
+    return count
+
+
+def reset_unset_buffers(model: nn.Module) -> None:
+    reset_rotary_buffers(model)
+    reset_moe_buffers(model)
+
+
+# --------------------------------------------------------------------------------------------
+# Native initialisation
+# --------------------------------------------------------------------------------------------
+
+
+def native_init_plan(n_layers: int, is_moe: bool, tied: bool) -> list[tuple[re.Pattern, Callable]]:
+    """(parameter-name pattern, init function) pairs, from torchtitan's native Qwen3 builders
+    (``torchtitan.models.qwen3``: ``_build_qwen3_layers`` / ``_build_qwen3_moe_layers`` and the
+    flavor configs): std 0.02 normal for linears and embeddings, ones for norms; in MoE layers
+    the attention output and the experts' down projection use the depth-scaled std
+    ``0.02 / sqrt(2 * n_layers)``. A tied embedding is drawn once, by the output layer's init."""
+    from torchtitan.models.qwen3 import _EMBEDDING_INIT, _LINEAR_INIT, _NORM_INIT, _residual_output_weight_init
+
+    linear, norm, residual = _LINEAR_INIT["weight"], _NORM_INIT["weight"], _residual_output_weight_init(n_layers)
+    plan = [
+        (r"embed_tokens\.weight", linear if tied else _EMBEDDING_INIT["weight"]),
+        (r"self_attn\.[qkv]_proj\.weight", linear),
+        (r"self_attn\.o_proj\.weight", residual if is_moe else linear),
+        (r"(self_attn\.[qk]_norm|input_layernorm|post_attention_layernorm|model\.norm)\.weight", norm),
+        (r"mlp\.(gate|up|down)_proj\.weight", linear),
+        (r"mlp\.router\.gate\.weight", linear),
+        (r"mlp\.routed_experts\.inner_experts\.w[13]\w*", linear),
+        (r"mlp\.routed_experts\.inner_experts\.w2\w*", residual),
+        (r"lm_head\.weight", linear),
+    ]
+    return [(re.compile(rf"(^|\.){pattern}$"), fn) for pattern, fn in plan]
+
+
+@torch.no_grad()
+def init_like_native(model: nn.Module, n_layers: int, is_moe: bool) -> list[str]:
+    """Re-draw every parameter of the HF-backend ``model`` as native Qwen3 would; returns the
+    names of parameters no rule covered (left as torchtitan initialised them)."""
+    plan = native_init_plan(n_layers, is_moe, tied=is_tied(model))
+    uncovered = []
+    for name, param in model.named_parameters():
+        for pattern, init in plan:
+            if pattern.search(name):
+                init(param)
+                break
+        else:
+            uncovered.append(name)
+    return uncovered

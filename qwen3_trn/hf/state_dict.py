@@ -1,0 +1,99 @@
+"""HF safetensors <-> the torchtitan transformers-backend model, for dense and MoE Qwen3.
+
+torchtitan's ``HFTransformerStateDictAdapter`` only strips the ``model.`` prefix (and drops a
+tied ``lm_head.weight``). That is the whole story for dense Qwen3. For Qwen3-MoE, torchtitan's
+parallelize step swaps every HF ``Qwen3MoeSparseMoeBlock`` for its own ``MoE`` module, whose
+state is ``mlp.router.gate.weight`` and grouped ``mlp.routed_experts.inner_experts.w{1,2,3}_*``
+tensors, while standard Qwen3-MoE safetensors (the released checkpoints, and what
+transformers v5's ``save_pretrained`` writes) hold ``mlp.gate.weight`` and one
+``mlp.experts.{j}.{gate,up,down}_proj.weight`` per expert.
+
+For those keys this adapter delegates to torchtitan's native ``Qwen3StateDictAdapter``, which
+already converts grouped experts to and from per-expert HF tensors (including FSDP/EP-sharded
+DTensors, without gathering them): MoE keys are renamed to native's names on the way in and
+back on the way out. torchtitan-only MoE buffers (load-balancing ``expert_bias``,
+``tokens_per_expert``) have no HF slot and are left out, as native's adapter does.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from torchtitan.experiments.transformers_modeling_backend.state_dict_adapter import HFTransformerStateDictAdapter
+
+# HF-backend (after the "model." prefix is stripped) <-> native torchtitan Qwen3 MoE names.
+_BACKEND_MOE = re.compile(r"^model\.layers\.(\d+)\.mlp\.(router\.gate\.weight|routed_experts\.inner_experts\.w[123]\w*)$")
+_NATIVE_MOE = re.compile(r"^layers\.(\d+)\.moe\.(router\.gate\.weight|routed_experts\.inner_experts\.w[123]\w*)$")
+_HF_MOE = re.compile(r"^model\.layers\.\d+\.mlp\.(gate\.weight|experts\.\d+\.(gate|up|down)_proj\.weight)$")
+_TITAN_ONLY = re.compile(r"^model\.layers\.\d+\.mlp\.(expert_bias\w*|tokens_per_expert\w*)$")
+
+
+def _hf_config_values(model_config: Any) -> dict[str, Any]:
+    keys = (
+        "architectures", "model_type", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+        "num_hidden_layers", "vocab_size", "max_position_embeddings", "rope_parameters", "tie_word_embeddings",
+        "intermediate_size", "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+    )
+    return {k: getattr(model_config, k) for k in keys if getattr(model_config, k, None) is not None}
+
+
+def native_moe_adapter(model_config: Any, hf_assets_path: str | None):
+    """torchtitan's native Qwen3 adapter for the same MoE architecture (used for expert tensors)."""
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
+
+    from qwen3_trn.models.hf_config import architecture_from_hf
+    from qwen3_trn.models.qwen3 import build_model_config
+
+    arch = architecture_from_hf(_hf_config_values(model_config), "the model config")
+    native = build_model_config("debugmodel_moe", arch, ScaledDotProductAttention.Config())
+    native.enable_weight_tying = False  # only expert/router tensors pass through it
+    return Qwen3StateDictAdapter(native, hf_assets_path)
+
+
+class Qwen3HFStateDictAdapter(HFTransformerStateDictAdapter):
+    """``HFTransformerStateDictAdapter`` plus standard per-expert HF layout for Qwen3-MoE."""
+
+    def __init__(self, model_config: Any, hf_assets_path: str | None):
+        super().__init__(model_config, hf_assets_path)
+        self._native = native_moe_adapter(model_config, hf_assets_path) if getattr(model_config, "is_moe", False) else None
+
+    def _prune_index(self, hf_state_dict: dict[str, Any]) -> None:
+        """Keys in the source's model.safetensors.index.json that this model never writes (a tied
+        ``lm_head.weight``, old ``rotary_emb.inv_freq`` buffers): left in, torchtitan's
+        consolidation writes a header entry without a dtype for them, and the file is unreadable.
+        Native's adapter drops the tied lm_head the same way."""
+        if not self.fqn_to_index_mapping:
+            return
+        for key in list(self.fqn_to_index_mapping):
+            if key not in hf_state_dict and (key == "lm_head.weight" or key.endswith("rotary_emb.inv_freq")):
+                del self.fqn_to_index_mapping[key]
+
+    def to_hf(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        hf_state_dict = super().to_hf(state_dict)
+        self._prune_index(hf_state_dict)
+        if self._native is None:
+            return hf_state_dict
+        out, moe = {}, {}
+        for key, value in hf_state_dict.items():
+            if _TITAN_ONLY.match(key):
+                continue
+            match = _BACKEND_MOE.match(key)
+            if match:
+                moe[f"layers.{match.group(1)}.moe.{match.group(2)}"] = value
+            else:
+                out[key] = value
+        out.update(self._native.to_hf(moe))
+        return out
+
+    def from_hf(self, hf_state_dict: dict[str, Any]) -> dict[str, Any]:
+        if self._native is not None:
+            moe = {k: v for k, v in hf_state_dict.items() if _HF_MOE.match(k)}
+            rest = {k: v for k, v in hf_state_dict.items() if k not in moe}
+            for key, value in self._native.from_hf(moe).items():
+                match = _NATIVE_MOE.match(key)
+                if match:
+                    rest[f"model.layers.{match.group(1)}.mlp.{match.group(2)}"] = value
+            hf_state_dict = rest
+        return super().from_hf(hf_state_dict)

@@ -1,0 +1,275 @@
+"""Qwen3 architecture <-> Hugging Face Transformers config (``Qwen3Config`` / ``Qwen3MoeConfig``).
+
+backend=hf_v5 builds its model with Transformers from an HF ``config.json``. That config is
+derived from the same numbers as the native model:
+
+* without ``model.hf_model``: the ``model`` group's flavor and overrides
+  (``qwen3_trn.convert.architecture``), so ``model=0.6B model.n_layers=2`` is the same
+  architecture in both modes;
+* with ``model.hf_model`` (a hub id or a local directory holding ``config.json``): that HF
+  config replaces the flavor's numbers, and the ``model`` group's explicit overrides
+  (``n_layers``, ``num_experts``, ... that are not null) still apply on top, as torchtitan's
+  flavor overrides do on an HF config. ``model=0.6B``/``model=4B``/``model=30B-A3B`` carry no
+  overrides, so they keep the HF model exactly; ``model=tiny`` cuts it to two small layers.
+
+The resulting config is written once into a content-addressed cache directory
+(``$QWEN3_TRN_CACHE/hf_configs/<hash>/config.json``) that torchtitan's transformers backend
+reads with ``AutoConfig.from_pretrained``; it always lists ``architectures``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from qwen3_trn.config.schema import ModelConfig
+from qwen3_trn.errors import ConfigError
+from qwen3_trn.models.architecture import DENSE_KEYS, MOE_KEYS, Qwen3Architecture
+
+DENSE_ARCHITECTURE = "Qwen3ForCausalLM"
+MOE_ARCHITECTURE = "Qwen3MoeForCausalLM"
+MODEL_TYPES = {DENSE_ARCHITECTURE: "qwen3", MOE_ARCHITECTURE: "qwen3_moe"}
+# Qwen3's RMSNorm epsilon (torchtitan's ``_qwen3_norm`` and every released Qwen3 config).
+RMS_NORM_EPS = 1e-6
+KEY = "model.hf_model"
+
+# HF config keys recomputed from the others when an override changes them.
+_DERIVED_KEYS = ("layer_types", "transformers_version", "_name_or_path")
+# Generic PretrainedConfig fields that ``to_dict`` adds and no Qwen3 config.json carries.
+_GENERIC_KEYS = (
+    "output_hidden_states", "output_attentions", "return_dict", "chunk_size_feed_forward",
+    "is_encoder_decoder", "id2label", "label2id", "problem_type", "_name_or_path",
+)
+
+
+def hf_architecture_name(arch: Qwen3Architecture) -> str:
+    return MOE_ARCHITECTURE if arch.is_moe else DENSE_ARCHITECTURE
+
+
+def _config_class(architecture: str):
+    from transformers import Qwen3Config, Qwen3MoeConfig
+
+    return Qwen3MoeConfig if architecture == MOE_ARCHITECTURE else Qwen3Config
+
+
+def hf_config_dict(arch: Qwen3Architecture, base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The complete HF config (as ``config.json`` holds it) for ``arch``.
+
+    ``base`` is an existing HF config whose other fields (token ids, rope scaling, dtype, ...)
+    are kept; the architecture's numbers always win.
+    """
+    architecture = hf_architecture_name(arch)
+    values: dict[str, Any] = {k: v for k, v in (base or {}).items() if k not in _DERIVED_KEYS}
+    rope = dict(values.get("rope_parameters") or {"rope_type": "default"})
+    rope["rope_theta"] = float(arch.rope_theta)
+    values.pop("rope_theta", None)
+    values.update(
+        architectures=[architecture],
+        model_type=MODEL_TYPES[architecture],
+        vocab_size=arch.vocab_size,
+        hidden_size=arch.dim,
+        num_hidden_layers=arch.n_layers,
+        num_attention_heads=arch.n_heads,
+        num_key_value_heads=arch.n_kv_heads,
+        head_dim=arch.head_dim,
+        max_position_embeddings=arch.max_seq_len,
+        rope_parameters=rope,
+        tie_word_embeddings=arch.tie_embeddings,
+    )
+    values.setdefault("rms_norm_eps", RMS_NORM_EPS)
+    values.setdefault("hidden_act", "silu")
+    values.setdefault("attention_bias", False)
+    if arch.is_moe:
+        values.update(
+            num_experts=arch.num_experts,
+            num_experts_per_tok=arch.top_k,
+            moe_intermediate_size=arch.moe_hidden_dim,
+        )
+        values.pop("num_local_experts", None)
+        if base is None:
+            # torchtitan's native Qwen3 MoE: every layer sparse, softmax router with the
+            # top-k weights renormalised (route_norm=True), as in the released Qwen3 MoE configs.
+            values.update(decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+            # Only layers listed in mlp_only_layers use a dense MLP; none here.
+            values.setdefault("intermediate_size", arch.moe_hidden_dim)
+    else:
+        values["intermediate_size"] = arch.hidden_dim
+    # Let Transformers fill and normalise the rest (layer_types, defaults, version).
+    config = _config_class(architecture)(**{k: v for k, v in values.items() if k not in ("architectures", "model_type")})
+    config.architectures = [architecture]
+    out = config.to_dict()
+    out["head_dim"] = arch.head_dim  # Qwen3MoeConfig has no head_dim field; its attention reads it when set
+    for key in _GENERIC_KEYS:
+        out.pop(key, None)
+    return out
+
+
+def _rope_theta(config: dict[str, Any]) -> float:
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    theta = rope.get("rope_theta", config.get("rope_theta"))
+    return float(theta if theta is not None else 10000.0)
+
+
+def check_qwen3(config: dict[str, Any], source: str) -> str:
+    """The config's Qwen3 architecture class name; ConfigError if it names none or another model."""
+    architectures = config.get("architectures")
+    if not architectures:
+        raise ConfigError(
+            KEY,
+            f"the config.json of '{source}' has no `architectures` list; torchtitan's transformers backend "
+            f"picks the model class from it. Add \"architectures\": [\"{DENSE_ARCHITECTURE}\"] "
+            f"(or [\"{MOE_ARCHITECTURE}\"] for a Qwen3 MoE) to that config.json.",
+        )
+    name = architectures[0]
+    if name not in MODEL_TYPES:
+        raise ConfigError(
+            KEY,
+            f"'{source}' is a {name} (model_type '{config.get('model_type')}'), not Qwen3; backend=hf_v5 trains "
+            f"{DENSE_ARCHITECTURE} and {MOE_ARCHITECTURE} only. Point model.hf_model at a Qwen3 model "
+            "(e.g. Qwen/Qwen3-0.6B, Qwen/Qwen3-30B-A3B) or unset it to build the config from the model group.",
+        )
+    return name
+
+
+def architecture_from_hf(config: dict[str, Any], source: str) -> Qwen3Architecture:
+    """The Qwen3Architecture an HF Qwen3 / Qwen3-MoE config describes."""
+    name = check_qwen3(config, source)
+    dim = int(config["hidden_size"])
+    n_heads = int(config["num_attention_heads"])
+    common = dict(
+        n_layers=int(config["num_hidden_layers"]),
+        dim=dim,
+        n_heads=n_heads,
+        n_kv_heads=int(config.get("num_key_value_heads") or n_heads),
+        head_dim=int(config.get("head_dim") or dim // n_heads),
+        vocab_size=int(config["vocab_size"]),
+        max_seq_len=int(config.get("max_position_embeddings") or 4096),
+        rope_theta=_rope_theta(config),
+        fuse_qkv=True,  # native-only layout detail; HF keeps q/k/v separate either way
+        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+    )
+    if name == MOE_ARCHITECTURE:
+        return Qwen3Architecture(
+            **common,
+            num_experts=int(config.get("num_experts", config.get("num_local_experts"))),
+            top_k=int(config["num_experts_per_tok"]),
+            moe_hidden_dim=int(config["moe_intermediate_size"]),
+        )
+    return Qwen3Architecture(**common, hidden_dim=int(config["intermediate_size"]))
+
+
+def _looks_local(hf_model: str) -> bool:
+    """Paths that cannot be a hub id ("org/name" or "name")."""
+    return hf_model.startswith((".", "/", "~")) or hf_model.count("/") > 1
+
+
+def load_hf_config(hf_model: str) -> dict[str, Any]:
+    """``config.json`` of a local directory or hub id, checked to be a Qwen3 config.
+
+    The hub path goes through Transformers (``PretrainedConfig.get_config_dict``), so it uses
+    the local HF cache and honours ``HF_HUB_OFFLINE``.
+    """
+    path = Path(hf_model).expanduser()
+    if path.is_dir():
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise ConfigError(
+                KEY,
+                f"'{hf_model}' is a local directory but holds no config.json; put the model's HF config.json "
+                "there (its `architectures` must name Qwen3ForCausalLM or Qwen3MoeForCausalLM), or pass a hub id.",
+            )
+        try:
+            config = json.loads(config_file.read_text())
+        except ValueError as exc:
+            raise ConfigError(KEY, f"{config_file} is not valid JSON ({exc}); fix or replace that config.json.") from exc
+    elif path.exists():
+        raise ConfigError(KEY, f"'{hf_model}' is a file, not a directory; pass the directory that holds config.json, or a hub id.")
+    else:
+        if _looks_local(hf_model):
+            raise ConfigError(
+                KEY,
+                f"'{hf_model}' is neither a local directory (no such path) nor a hub id; pass a directory holding "
+                "config.json or a hub id such as Qwen/Qwen3-0.6B.",
+            )
+        try:
+            from transformers import PretrainedConfig
+
+            config, _ = PretrainedConfig.get_config_dict(hf_model)
+        except Exception as exc:  # OSError, EnvironmentError, HF hub errors, invalid repo id
+            offline = " (HF_HUB_OFFLINE is set, so only the local HF cache was searched)" if os.environ.get("HF_HUB_OFFLINE") else ""
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(
+                KEY,
+                f"'{hf_model}' is not a local directory (no such path) and is not a reachable hub id{offline}: {reason}. "
+                "Pass a local directory holding config.json, or a hub id that resolves (check spelling, network and "
+                "HF_TOKEN for gated models).",
+            ) from exc
+    check_qwen3(config, hf_model)
+    return config
+
+
+def apply_model_overrides(base: Qwen3Architecture, model: ModelConfig, source: str) -> Qwen3Architecture:
+    """``base`` (read from an HF config) with the model group's non-null architecture keys."""
+    requested = {
+        f.name: getattr(model, f.name)
+        for f in dataclasses.fields(base)
+        if hasattr(model, f.name) and getattr(model, f.name) is not None
+    }
+    wrong_kind = [k for k in requested if k in (DENSE_KEYS if base.is_moe else MOE_KEYS)]
+    if wrong_kind:
+        key = wrong_kind[0]
+        if base.is_moe:
+            message = (
+                f"'{source}' is a Qwen3 MoE ({MOE_ARCHITECTURE}) but model.{key} is set (model={model.flavor} sets it); "
+                f"{key} applies to dense models. Use an MoE model group (model=tiny_moe, model=30B-A3B) or model.{key}=null."
+            )
+        else:
+            message = (
+                f"'{source}' is a dense Qwen3 ({DENSE_ARCHITECTURE}) but model.{key} is set (model={model.flavor} sets it); "
+                f"num_experts/top_k/moe_hidden_dim apply to MoE models. Use a dense model group (model=tiny, model=0.6B) "
+                f"or model.{key}=null."
+            )
+        raise ConfigError(f"model.{key}", message)
+    arch = dataclasses.replace(base, **requested)
+    arch.validate()
+    return arch
+
+
+def hf_model_architecture(model: ModelConfig) -> Qwen3Architecture:
+    """The architecture of ``model.hf_model`` with the model group's overrides applied."""
+    assert model.hf_model
+    return apply_model_overrides(architecture_from_hf(load_hf_config(model.hf_model), model.hf_model), model, model.hf_model)
+
+
+def _cache_root() -> Path:
+    from qwen3_trn.data.embedded import cache_dir
+
+    return cache_dir() / "hf_configs"
+
+
+def write_hf_config_dir(config: dict[str, Any], root: Path | None = None) -> Path:
+    """A directory holding ``config.json`` with exactly ``config``, shared by identical configs.
+
+    The directory name is a hash of the content, so preflight, every rank and later runs all
+    resolve the same path; the write is atomic (rename of a complete temporary directory).
+    """
+    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    root = Path(root) if root is not None else _cache_root()
+    target = root / f"{config.get('model_type', 'qwen3')}-{digest}"
+    if (target / "config.json").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
+    (staging / "config.json").write_text(text)
+    try:
+        os.rename(staging, target)
+    except OSError:  # another process won the race; its content is identical
+        (staging / "config.json").unlink(missing_ok=True)
+        staging.rmdir()
+    return target
