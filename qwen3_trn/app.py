@@ -44,6 +44,10 @@ def _print_summary(summary: dict) -> None:
     from rich.table import Table
 
     console = Console()
+    if summary.get("status") == "submitted":
+        slurm = summary.get("slurm") or {}
+        console.print(f"qwen3_trn: submitted Slurm job {slurm.get('job_id')}; outputs: {summary.get('run_dir')}", soft_wrap=True)
+        return
     if not summary.get("steps_logged"):
         # Multi-node: metrics are written by the node that hosted global rank 0.
         console.print(f"qwen3_trn: this node's ranks {summary.get('status')}; no metrics rank ran here. outputs: {summary.get('run_dir')}", soft_wrap=True)
@@ -79,8 +83,10 @@ def _check_in_subprocess(run_dir: Path) -> dict:
 def execute(cfg_node: DictConfig) -> dict | None:
     from qwen3_trn.launch import LAUNCHERS
     from qwen3_trn.metrics import write_summary
-    from qwen3_trn.plan import render_plan
+    from qwen3_trn.plan import plan_record, render_plan
     from qwen3_trn.preflight import prepare
+    from qwen3_trn.sweep import job_context
+    from qwen3_trn.tracking import plan_tracking, summary_fields, write_tracking
     from qwen3_trn.worker import WorkerJob
 
     cfg = to_run_config(cfg_node)
@@ -93,26 +99,45 @@ def execute(cfg_node: DictConfig) -> dict | None:
             text += f"\n== Fake-backend check ==\n{json.dumps(_check_in_subprocess(run_dir))}\n"
         (run_dir / "plan.txt").write_text(text)
         print(text, end="")
-        return None
+        return {"status": "planned", "run_dir": str(run_dir), "plan": plan_record(prepared, run_dir)}
 
     info = prepared.trainer_config.metrics.run_info
-    write_summary(run_dir, [], info, status="running")
-    os.environ.setdefault("QWEN3_TRN_LAUNCH_TIME", str(time.time()))
+    sweep = job_context()
+    tracking = plan_tracking(cfg, run_dir, _overrides(), sweep, info)
+    write_tracking(run_dir, tracking)
+    write_summary(run_dir, [], {**info, **summary_fields(tracking)}, status="running")
+    if sweep is not None:  # jobs of a sweep run one after another in this process
+        os.environ["QWEN3_TRN_LAUNCH_TIME"] = str(time.time())
+    else:
+        os.environ.setdefault("QWEN3_TRN_LAUNCH_TIME", str(time.time()))
     started = time.perf_counter()
     status = "failed"
     try:
-        LAUNCHERS[cfg.launcher.name](WorkerJob(cfg=cfg, device_type=prepared.device.type, layout=prepared.layout))
-        status = "completed"
+        outcome = LAUNCHERS[cfg.launcher.name](WorkerJob(cfg=cfg, device_type=prepared.device.type, layout=prepared.layout))
+        # launcher=slurm returns "submitted" when it does not wait for its job
+        status = outcome if isinstance(outcome, str) else "completed"
+    except BaseException as exc:
+        status = getattr(exc, "run_status", "failed")  # e.g. "cancelled": a waited-for Slurm job
+        raise
     finally:
         summary = json.loads((run_dir / "summary.json").read_text())
-        summary.update(status=status, wall_time_s=time.perf_counter() - started)
+        summary.update(status=status)
+        if status != "submitted":
+            summary.update(wall_time_s=time.perf_counter() - started)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     _print_summary(summary)
     return summary
 
 
 def run(cfg_node: DictConfig) -> dict | None:
-    """Hydra's task function: a ConfigError becomes one clear paragraph and exit status 2."""
+    """Hydra's task function: a ConfigError becomes one clear paragraph and exit status 2.
+
+    In a multirun (``-m``) a job's error is recorded in its job.json and the sweep manifest
+    instead, and the sweep goes on (``qwen3_trn.sweep``)."""
+    from qwen3_trn.sweep import in_multirun, run_sweep_job
+
+    if in_multirun():
+        return run_sweep_job(execute, cfg_node)
     try:
         return execute(cfg_node)
     except ConfigError as exc:

@@ -8,6 +8,7 @@ at fault and the fix; nothing has been written or started when it is raised.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,15 +44,31 @@ def _choose(key: str, value: str, allowed: tuple[str, ...]) -> None:
         raise ConfigError(key, f"'{value}' is not one of {', '.join(allowed)}.")
 
 
+def _submitting(cfg: RunConfig) -> bool:
+    """A run that this machine submits to a Slurm cluster (its ranks run on the cluster's nodes)."""
+    from qwen3_trn.launch.slurm import ON_NODE_ENV
+
+    return cfg.launcher.name == "slurm" and not os.environ.get(ON_NODE_ENV)
+
+
 def _device(cfg: RunConfig) -> DeviceSpec:
     requested = cfg.device.type
-    if cfg.mode != "train" and requested in DEVICES and isinstance(probe_device(requested), str):
+    if (cfg.mode != "train" or _submitting(cfg)) and requested in DEVICES and isinstance(probe_device(requested), str):
         return planned_device(requested)  # planning for a machine that is not this one
     return resolve_device(requested)
 
 
 def _nproc_per_node(cfg: RunConfig, device: DeviceSpec) -> int:
     nproc = cfg.launcher.nproc_per_node
+    packed = cfg.launcher.devices_per_job
+    if packed < 0 or (cfg.mode == "train" and packed > device.count):
+        raise ConfigError(
+            "launcher.devices_per_job",
+            f"{packed} device(s) per job cannot be packed onto this machine's {device.count} {device.type} device(s); "
+            f"use 1..{device.count}, or 0 to turn packing off.",
+        )
+    if nproc == -1 and packed:
+        return packed
     if nproc == -1:
         if device.count == 0:
             raise ConfigError(
@@ -59,7 +76,7 @@ def _nproc_per_node(cfg: RunConfig, device: DeviceSpec) -> int:
                 f"-1 means one rank per {device.type} device, but none is present to count; give the number explicitly.",
             )
         return device.count
-    if cfg.mode == "train" and nproc > device.count:
+    if cfg.mode == "train" and not _submitting(cfg) and nproc > device.count:
         raise ConfigError(
             "launcher.nproc_per_node",
             f"{nproc} ranks were asked for, but this machine has {device.count} {device.type} "
@@ -131,6 +148,23 @@ def _check_choices(cfg: RunConfig, device: DeviceSpec) -> None:
         _choose("logger.backends", name, LOGGER_BACKENDS)
     _choose("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
     _choose("launcher.name", cfg.launcher.name, tuple(LAUNCHERS))
+    if cfg.launcher.name == "slurm":
+        from qwen3_trn.launch import slurm
+
+        slurm.check_config(cfg)
+
+
+def _layout(cfg: RunConfig, device: DeviceSpec) -> Layout:
+    """The parallel layout; ``launcher.nodes`` (the node count's user-facing name) sets nnodes."""
+    nodes = cfg.launcher.nodes
+    if nodes is None:
+        return resolve_layout(cfg.parallelism, cfg.launcher.nnodes, _nproc_per_node(cfg, device))
+    cfg.launcher.nnodes = nodes
+    try:
+        return resolve_layout(cfg.parallelism, nodes, _nproc_per_node(cfg, device))
+    except ConfigError as exc:
+        message = str(exc)[len(exc.key) + 2:].replace("launcher.nnodes", "launcher.nodes")
+        raise ConfigError(exc.key.replace("launcher.nnodes", "launcher.nodes"), message) from None
 
 
 def prepare(cfg: RunConfig) -> Prepared:
@@ -138,7 +172,7 @@ def prepare(cfg: RunConfig) -> Prepared:
     backend = get_backend(cfg.backend.name)
     device = _device(cfg)
     _check_choices(cfg, device)
-    layout = resolve_layout(cfg.parallelism, cfg.launcher.nnodes, _nproc_per_node(cfg, device))
+    layout = _layout(cfg, device)
     arch = architecture(cfg)
     _check_training(cfg, arch, layout)
     _check_tokenizer(cfg, arch)
@@ -149,4 +183,8 @@ def prepare(cfg: RunConfig) -> Prepared:
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError("titan", f"torchtitan refused the resulting Trainer.Config: {exc}") from exc
+    if cfg.mode == "train" and _submitting(cfg):
+        from qwen3_trn.launch.slurm import check_cluster
+
+        check_cluster(cfg, layout.nnodes)  # Slurm reachable, the partition known, before anything is written
     return Prepared(cfg=cfg, device=device, layout=layout, arch=arch, trainer_config=trainer_config)

@@ -59,9 +59,11 @@ def main(argv: list[str] | None = None) -> None:
 
             print(json.dumps(check_layout(cfg)))
             return
+        from qwen3_trn.launch.slurm import ON_NODE_ENV
         from qwen3_trn.preflight import prepare
         from qwen3_trn.worker import WorkerJob, run_worker
 
+        os.environ.setdefault(ON_NODE_ENV, "1")  # a rank runs here even if launcher=slurm planned it: no submission checks
         prepared = prepare(cfg)
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world != prepared.layout.world_size:

@@ -255,7 +255,8 @@ def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
 
 def write_manifest(sweep_dir: Path, jobs: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> dict[str, Any]:
     shared = _read_sweep_file(sweep_dir)
-    counts = {s: sum(1 for j in jobs if j.get("status") == s) for s in ("completed", "failed", "skipped", *OTHER_STATUSES)}
+    counts = {s: sum(1 for j in jobs if j.get("status") == s) for s in ("completed", "failed", "skipped")}
+    counts.update({s: n for s in OTHER_STATUSES if (n := sum(1 for j in jobs if j.get("status") == s))})  # only when present
     manifest = {
         "sweep_dir": str(sweep_dir),
         "group": shared.get("group") or default_group(sweep_dir),
@@ -414,9 +415,9 @@ class SweepCallback(Callback):
                 manifest = write_manifest(sweep_dir, jobs, {"complete": True, "report_error": f"{type(exc).__name__}: {exc}"})
                 print(f"[sweep] the comparison report could not be built: {type(exc).__name__}: {exc}", file=sys.stderr)
         print(format_summary(manifest), flush=True)
-        if manifest["counts"]["failed"] or manifest["counts"]["cancelled"]:
+        if manifest["counts"]["failed"] or manifest["counts"].get("cancelled"):
             print(f"[sweep] {manifest['counts']['failed']} of {manifest['counts']['total']} jobs failed"
-                  + (f", {manifest['counts']['cancelled']} cancelled" if manifest["counts"]["cancelled"] else ""), file=sys.stderr, flush=True)
+                  + (f", {manifest['counts']['cancelled']} cancelled" if manifest["counts"].get("cancelled") else ""), file=sys.stderr, flush=True)
             sys.exit(1)
 
 

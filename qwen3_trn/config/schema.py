@@ -134,11 +134,23 @@ class CheckpointConfig:
 
 @dataclass
 class WandbConfig:
+    """Weights & Biases run settings (``qwen3_trn.tracking``); logged from the metrics rank only."""
+
     project: str = "qwen3_trn"
     entity: Optional[str] = None
+    # offline: no key or network, a run-<id>.wandb file in <run dir>/wandb (upload later with
+    # `wandb sync`); online: needs WANDB_API_KEY or `wandb login`; disabled: no wandb at all.
     mode: str = "offline"
+    # None: the sweep's group in a multirun (shared by all its jobs), no group for a single run.
     group: Optional[str] = None
+    # None: the training mode (backend name).
+    job_type: Optional[str] = None
+    # None: run_name, else the job's overrides (e.g. "backend=native,model.top_k=2").
+    name: Optional[str] = None
+    # Extra tags; the mode, device and "sweep" (in a multirun) are always added.
     tags: list[str] = field(default_factory=list)
+    # None: the run directory (wandb writes <dir>/wandb/offline-run-*/).
+    dir: Optional[str] = None
 
 
 @dataclass
@@ -164,6 +176,35 @@ class LauncherConfig:
     rdzv_id: Optional[str] = None
     max_restarts: int = 0
     env: dict[str, str] = field(default_factory=dict)
+    # Device packing for concurrent jobs on one machine: each job claims this many devices
+    # (GPUs, NeuronCores or CPU cores) exclusively and waits while too few are free. 0: off.
+    devices_per_job: int = 0
+    # --- launcher=slurm (qwen3_trn.launch.slurm; conf/launcher/slurm.yaml) ---
+    # Number of nodes, the user-facing name of nnodes: when set it sets nnodes (wins over a preset's).
+    nodes: Optional[int] = None
+    # Slurm partition (None: the cluster's default); checked against `sinfo` before submitting.
+    partition: Optional[str] = None
+    # Time limit in Slurm's format: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS.
+    time: str = "60"
+    cpus_per_task: Optional[int] = None
+    gpus_per_node: Optional[int] = None
+    mem_gb: Optional[float] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    job_name: Optional[str] = None
+    # true: block until the job ends and report like a local run; false: print the job id and return.
+    wait: bool = False
+    # Shell lines run in the sbatch script before the job starts (module load, source venv ...).
+    setup: list[str] = field(default_factory=list)
+    # Any other sbatch option, e.g. {exclusive: true, "mail-type": END}.
+    slurm_additional_parameters: dict[str, Any] = field(default_factory=dict)
+    # Seconds before the time limit at which Slurm signals the job to requeue itself (USR2).
+    signal_delay_s: int = 120
+    # How many times a job may be requeued after hitting its time limit.
+    max_requeues: int = 3
+    # Python on the nodes (None: this interpreter, which must be reachable there).
+    python: Optional[str] = None
 
 
 @dataclass

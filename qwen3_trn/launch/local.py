@@ -6,13 +6,16 @@ log redirection, started from the already composed config instead of a command l
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import time
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Iterator
 
+from qwen3_trn.launch.packing import SLICE_BINDERS, DeviceSlots, default_lock_dir
 from qwen3_trn.worker import WorkerJob, run_worker
 
 
@@ -44,9 +47,34 @@ def rendezvous_endpoint(job: WorkerJob) -> str:
     return f"127.0.0.1:{_free_port()}"
 
 
+@contextmanager
+def device_slice(job: WorkerJob) -> Iterator[dict[str, str]]:
+    """Claim ``launcher.devices_per_job`` devices for this job (waiting while too few are free)
+    and yield the environment that confines the job to them; records the slice in the run dir."""
+    from qwen3_trn.devices import resolve_device
+
+    count = job.cfg.launcher.devices_per_job
+    device = resolve_device(job.device_type)
+    slots = DeviceSlots(default_lock_dir(device.type), device.count)
+    with slots.claim(count) as claimed:
+        record = Path(job.cfg.output_dir) / "device_slice.json"
+        started = time.time()
+        env = SLICE_BINDERS[device.type](claimed)
+        try:
+            yield env
+        finally:
+            record.write_text(json.dumps({"device": device.type, "slots": claimed, "started": started, "finished": time.time()}) + "\n")
+
+
 def launch_local(job: WorkerJob) -> None:
+    packing = device_slice(job) if job.cfg.launcher.devices_per_job > 0 else nullcontext({})
+    with packing as slice_env:
+        _launch(job, slice_env)
+
+
+def _launch(job: WorkerJob, slice_env: dict[str, str]) -> None:
     launcher = job.cfg.launcher
-    env = {key: str(value) for key, value in launcher.env.items()}
+    env = {**slice_env, **{key: str(value) for key, value in launcher.env.items()}}
     if job.layout.world_size == 1:
         single_rank = {
             "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
