@@ -1,0 +1,298 @@
+"""launcher=slurm against a real one-node Slurm cluster (tests/slurm_cluster.py): a 2-job
+multirun, a failing job, a cancelled job in a sweep manifest, a requeued job resuming from its
+checkpoint, plan mode for a sweep, and the clear errors (no Slurm, unknown partition, a layout
+that does not fit nodes x ranks).
+
+The cluster tests are skipped, with the reason, where the Slurm packages are not installed
+(launchers/slurm/install_debian.sh) or the tests do not run as root; the error and plan tests
+need no cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from qwen3_trn.errors import ConfigError
+from tests.conftest import REPO, compose_config, read_metrics, read_summary, run_cli
+from tests.slurm_cluster import SlurmCluster, slurm_cluster, slurm_env, wait_for_state  # noqa: F401
+
+try:
+    import submitit
+except ImportError:
+    submitit = None
+
+pytestmark = pytest.mark.slow
+needs_submitit = pytest.mark.skipif(submitit is None, reason="submitit is not installed (pip install -e '.[slurm]')")
+
+# A tiny model, a few short steps, no wandb: seconds of training on the cluster's CPU.
+TINY = ["model=tiny", "logger=none", "training.seq_len=64", "optimizer.warmup_steps=1"]
+SLURM = ["launcher=slurm", "launcher.partition=cpu"]
+
+
+def _execute(overrides: list[str], run_dir: Path) -> dict | None:
+    from qwen3_trn.app import execute
+
+    return execute(compose_config(overrides, run_dir))
+
+
+def _status_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "qwen3_trn.launch.slurm", "status", *args], cwd=REPO, env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=300)
+
+
+def _wait_until(predicate, timeout: float, what: str, poll: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} not after {timeout} s"
+        time.sleep(poll)
+
+
+def _job_log(run_dir: Path) -> str:
+    slurm = read_summary(run_dir)["slurm"]
+    return "".join(Path(p).read_text(errors="replace") for p in slurm["logs"] if Path(p).is_file())
+
+
+# --------------------------------------------------------------------------------------------
+# No cluster needed: clear errors and plan mode
+
+
+def _fake_slurm_bin(tmp_path: Path, sinfo: str = "echo 'cpu*|1'") -> Path:
+    """Stand-ins for Slurm's commands (a PATH on which Slurm 'is installed')."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in ("sbatch", "sinfo", "srun", "sacct", "squeue"):
+        script = bin_dir / name
+        script.write_text(f"#!/bin/sh\n{sinfo if name == 'sinfo' else 'exit 0'}\n")
+        script.chmod(0o755)
+    return bin_dir
+
+
+def test_no_slurm_reachable_says_how_it_was_looked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    empty = tmp_path / "nothing"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError) as err:
+        _execute([*SLURM, *TINY], run_dir)
+    message = str(err.value)
+    assert err.value.key == "launcher" and "no Slurm is reachable" in message
+    assert "sbatch, sinfo, srun, sacct, squeue not found" in message and f"PATH={empty}" in message
+    assert "SLURM_CONF unset" in message
+    assert not run_dir.exists(), "nothing may be written before the checks pass"
+
+    # Slurm's commands are there, but SLURM_CONF points nowhere
+    monkeypatch.setenv("PATH", str(_fake_slurm_bin(tmp_path)))
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no" / "slurm.conf"))
+    with pytest.raises(ConfigError, match=r"SLURM_CONF=.*/no/slurm.conf does not exist"):
+        _execute([*SLURM, *TINY], run_dir)
+
+    # ... or the controller does not answer
+    monkeypatch.setenv("PATH", str(_fake_slurm_bin(tmp_path / "down", "echo 'sinfo: error: Unable to contact slurm controller (connect failure)' >&2; exit 1")))
+    monkeypatch.delenv("SLURM_CONF")
+    with pytest.raises(ConfigError, match=r"could not reach the Slurm controller \(sinfo: error: Unable to contact slurm controller"):
+        _execute([*SLURM, *TINY], run_dir)
+    assert not run_dir.exists()
+
+
+def test_nodes_times_ranks_must_match_the_parallel_degrees(tmp_path: Path):
+    with pytest.raises(ConfigError) as err:
+        _execute([*SLURM, *TINY, "launcher.nodes=2", "launcher.nproc_per_node=2", "parallelism.dp_shard=3"], tmp_path / "run")
+    assert err.value.key == "parallelism"
+    assert "world size is 4 = launcher.nodes 2 x launcher.nproc_per_node 2" in str(err.value)
+    with pytest.raises(ConfigError, match="launcher.time: '5 minutes' is not a Slurm time limit"):
+        _execute([*SLURM, *TINY, "launcher.time='5 minutes'"], tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+@needs_submitit
+def test_plan_of_a_sweep_shows_each_job_and_its_submission(tmp_path: Path):
+    sweep = tmp_path / "sweep"
+    result = run_cli(["-m", "mode=plan", *SLURM, *TINY, "launcher.nodes=2", "launcher.nproc_per_node=2", "parallelism=fsdp",
+                      "launcher.time=2:00:00", "+launcher.env.QWEN3_TRN_MARK=planned", "training.seed=1,2", f"hydra.sweep.dir={sweep}"],
+                     timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    manifest = json.loads((sweep / "manifest.json").read_text())
+    assert manifest["counts"]["planned"] == 2 and manifest["counts"]["total"] == 2
+    for num, seed in ((0, 1), (1, 2)):
+        job = manifest["jobs"][num]
+        plan = (sweep / str(num) / "plan.txt").read_text()
+        # its differences from the sweep's base config
+        assert f"training.seed: 42 -> {seed}" in plan and job["plan"]["differences"] == [f"training.seed: 42 -> {seed}"]
+        # its world size and where it would run
+        assert "world 4 = 2 node(s) x 2 rank(s)" in plan and job["plan"]["world_size"] == 4
+        assert job["plan"]["where"].startswith("Slurm partition cpu, 2 node(s) x 1 task, time 2:00:00 (120 min)")
+        # the exact submission: submitit's sbatch script, and what each node runs
+        script = job["plan"]["submission"]
+        assert script in plan
+        for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --partition=cpu", "#SBATCH --time=120",
+                     "#SBATCH --signal=USR2@120", "export QWEN3_TRN_MARK=planned", "export WANDB_RESUME=allow",
+                     f"-u -m submitit.core._submit {sweep / str(num) / 'slurm'}"):
+            assert line in script, line
+        assert (f"torchrun --nnodes=2 --nproc_per_node=2 --rdzv_backend=c10d --rdzv_endpoint=<first node of SLURM_JOB_NODELIST>:"
+                f"<20000 + job id % 10000> --rdzv_id=slurm-$SLURM_JOB_ID") in plan
+        assert f"#{num} planned   training.seed={seed}: world 4 on Slurm partition cpu" in result.stdout
+        assert not (sweep / str(num) / "slurm").exists() and not (sweep / str(num) / "summary.json").exists(), "plan mode submits nothing"
+
+
+# --------------------------------------------------------------------------------------------
+# On the cluster
+
+
+@needs_submitit
+def test_unknown_partition_and_too_many_nodes(slurm_env: SlurmCluster, tmp_path: Path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError) as err:
+        _execute(["launcher=slurm", "launcher.partition=gpu", *TINY], run_dir)
+    assert err.value.key == "launcher.partition"
+    assert "'gpu' is not a partition of this Slurm cluster" in str(err.value) and "`sinfo` lists: debug (default), cpu" in str(err.value)
+    with pytest.raises(ConfigError, match="launcher.nodes: 2 nodes were asked for, but partition cpu has 1"):
+        _execute([*SLURM, *TINY, "launcher.nodes=2"], run_dir)
+    assert not run_dir.exists()
+
+
+@needs_submitit
+def test_two_job_multirun_on_slurm(slurm_cluster: SlurmCluster, tmp_path: Path):
+    from qwen3_trn.launch.slurm import sbatch_script
+    from qwen3_trn.rank import load_run_config
+
+    sweep = tmp_path / "sweep"
+    result = run_cli(["-m", *SLURM, "launcher.wait=true", *TINY, "training.steps=3", "+launcher.env.QWEN3_TRN_MARK=from-config",
+                      "training.seed=1,2", f"hydra.sweep.dir={sweep}"], timeout=400, env=slurm_cluster.env)
+    assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
+    manifest = json.loads((sweep / "manifest.json").read_text())
+    assert manifest["counts"]["completed"] == 2 and manifest["complete"] is True
+    job_ids = set()
+    for num in (0, 1):
+        run_dir = sweep / str(num)
+        summary = read_summary(run_dir)
+        slurm = summary["slurm"]
+        assert summary["status"] == "completed" and slurm["state"] == "COMPLETED", summary
+        assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3]
+        assert wait_for_state(slurm["job_id"], "COMPLETED", timeout=30) == "COMPLETED"
+        job_ids.add(slurm["job_id"])
+        # one Slurm job per sweep job, its logs and states in the manifest
+        job = manifest["jobs"][num]
+        assert job["status"] == "completed" and job["slurm"]["job_id"] == slurm["job_id"] and job["log"] == slurm["stdout"]
+        assert json.loads((run_dir / "job.json").read_text())["status"] == "completed"
+        assert "Job completed successfully" in _job_log(run_dir)
+        # launcher.env reaches the job; the script is what plan mode renders
+        submitted = Path(slurm["submission_file"]).read_text()
+        assert "export QWEN3_TRN_MARK=from-config" in submitted and "#SBATCH --partition=cpu" in submitted
+        assert submitted == sbatch_script(load_run_config(str(run_dir / "config.yaml")), 1, run_dir / "slurm")
+    assert len(job_ids) == 2
+    assert "2 jobs: 2 completed, 0 failed" in result.stdout and f"[sweep] #0 submitted training.seed=1: Slurm job" in result.stdout
+
+
+@needs_submitit
+def test_failing_job_is_reported_failed(slurm_env: SlurmCluster, tmp_path: Path, capsys: pytest.CaptureFixture):
+    from qwen3_trn.launch.slurm import main as slurm_main
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"body": f"line {i} " * 40}) + "\n" for i in range(20)))
+    run_dir = tmp_path / "run"
+    # the file exists, so the submission is accepted; the job fails reading its (absent) "text" column
+    with pytest.raises(SystemExit) as ended:
+        _execute([*SLURM, *TINY, "training.steps=3", "data=files", f"data.path={corpus}", "launcher.wait=true"], run_dir)
+    assert ended.value.code == 1 and getattr(ended.value, "run_status", None) == "failed"
+    summary = read_summary(run_dir)
+    assert summary["status"] == "failed" and summary["slurm"]["state"] == "FAILED"
+    assert summary["error"] == f"Slurm job {summary['slurm']['job_id']} FAILED: KeyError: 'text'"
+    assert wait_for_state(summary["slurm"]["job_id"], "FAILED", timeout=30) == "FAILED"
+    err = capsys.readouterr().err
+    assert f"error: Slurm job {summary['slurm']['job_id']} ended FAILED: KeyError: 'text'" in err and summary["slurm"]["stderr"] in err
+    assert slurm_main(["status", str(run_dir)]) == 1
+    assert f"failed     job {summary['slurm']['job_id']}" in capsys.readouterr().out
+
+
+@needs_submitit
+def test_scancel_shows_cancelled_in_the_sweep_manifest(slurm_cluster: SlurmCluster, tmp_path: Path):
+    sweep = tmp_path / "sweep"
+    cpus = slurm_cluster.run("sinfo", "-h", "-o", "%c").stdout.split()[0]
+    # each job takes every CPU of the node: job #1 waits in the queue while #0 runs
+    result = run_cli(["-m", *SLURM, *TINY, "training.steps=100000", f"launcher.cpus_per_task={cpus}", "training.seed=1,2",
+                      f"hydra.sweep.dir={sweep}"], timeout=300, env=slurm_cluster.env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"2 jobs: 0 completed, 0 failed, 0 skipped(, \d (submitted|pending|running))+ ", result.stdout), result.stdout[-2000:]
+    assert "python -m qwen3_trn.launch.slurm status" in result.stdout
+    first, second = (read_summary(sweep / str(n))["slurm"]["job_id"] for n in (0, 1))
+    slurm_cluster.wait_for_running(first, timeout=60)
+    slurm_cluster.run("scancel", first)
+    assert wait_for_state(first, "CANCELLED", timeout=30) == "CANCELLED"
+
+    status = _status_cli(str(sweep), env=slurm_cluster.env)
+    assert status.returncode == 1, status.stdout + status.stderr  # a cancelled job
+    manifest = json.loads((sweep / "manifest.json").read_text())
+    jobs = manifest["jobs"]
+    assert jobs[0]["status"] == "cancelled" and jobs[0]["slurm"]["state"] == "CANCELLED"
+    assert jobs[1]["status"] in ("pending", "running"), jobs[1]
+    assert manifest["complete"] is False and manifest["counts"]["cancelled"] == 1
+    assert f"#0 cancelled  job {first}" in status.stdout
+    assert json.loads((sweep / "0" / "job.json").read_text())["status"] == "cancelled"
+
+    slurm_cluster.run("scancel", second)
+    wait_for_state(second, "CANCELLED", timeout=30)
+    status = _status_cli(str(sweep), "--json", env=slurm_cluster.env)
+    assert [row["status"] for row in json.loads(status.stdout)] == ["cancelled", "cancelled"]
+    assert json.loads((sweep / "manifest.json").read_text())["complete"] is True
+
+
+@needs_submitit
+def test_requeued_job_resumes_from_its_checkpoint(slurm_env: SlurmCluster, tmp_path: Path):
+    run_dir = tmp_path / "run"
+    # logger=wandb (offline): the resumed job continues the same wandb run
+    overrides = [*SLURM, "model=tiny", "logger=wandb", "training.seq_len=64", "optimizer.warmup_steps=1", "training.steps=8",
+                 "checkpoint=on", "checkpoint.interval=2"]
+    summary = _execute(overrides, run_dir)
+    assert summary["status"] == "submitted"
+    job_id = summary["slurm"]["job_id"]
+    _wait_until(lambda: (run_dir / "checkpoint" / "step-2" / ".metadata").is_file(), 180, "the first checkpoint")
+    before = [r["step"] for r in read_metrics(run_dir)]
+    # what a preemption or a time limit does (scancel --signal TERM, then USR2): submitit calls
+    # SlurmTrainJob.checkpoint and requeues the job
+    submitit.SlurmJob(folder=run_dir / "slurm", job_id=job_id)._interrupt(timeout=False)
+
+    from qwen3_trn.launch.slurm import refresh_runs
+
+    final = _wait_until(lambda: next((s for s in refresh_runs([run_dir]) if s["status"] in ("completed", "failed", "cancelled")), None),
+                        240, "the requeued job's end", poll=2)
+    assert final["status"] == "completed", _job_log(run_dir)[-3000:]
+    runs = slurm_env.run("sacct", "-n", "-D", "-X", "-P", "-j", job_id, "-o", "State").stdout.split()
+    assert runs == ["REQUEUED", "COMPLETED"], runs
+    log = _job_log(run_dir)
+    assert "Calling checkpoint method" in log and f"Requeued job {job_id}" in log, log[-3000:]
+
+    summary = read_summary(run_dir)
+    records = read_metrics(run_dir)
+    steps = [r["step"] for r in records]
+    # the lines written before and after the requeued job started again (it may resume exactly
+    # at the last step the first run logged, so the steps alone need not show the restart)
+    first_run = [r["step"] for r in records if r["time"] < summary["slurm"]["started"]]
+    second_run = [r["step"] for r in records if r["time"] >= summary["slurm"]["started"]]
+    assert first_run + second_run == steps, steps
+    resumed_from = second_run[0] - 1
+    assert first_run == list(range(1, len(first_run) + 1)) and len(first_run) >= len(before) >= 2, steps
+    # the second run continues after a checkpoint step that the first run reached
+    assert resumed_from % 2 == 0 and 2 <= resumed_from <= first_run[-1], steps
+    assert second_run == list(range(resumed_from + 1, 9)), steps
+    assert summary["slurm"]["restarts"] == 1 and summary["slurm"]["requeues"] == 1, summary
+    assert summary["first_step"] == 1 and summary["last_step"] == 8 and summary["steps_logged"] == 8, summary
+
+    # the same wandb run, resumed: both starts used the id planned in tracking.json
+    tracking = json.loads((run_dir / "tracking.json").read_text())
+    run_id = tracking["wandb"]["id"]
+    assert summary["wandb_run_id"] == run_id
+    offline = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline) == 2 and all(name.endswith(f"-{run_id}") for name in offline), offline
+    assert "export WANDB_RESUME=allow" in Path(summary["slurm"]["submission_file"]).read_text()
