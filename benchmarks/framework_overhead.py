@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _run(cmd: list[str], env_extra: dict[str, str]) -> tuple[list[dict], str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **env_extra, "QWEN3_TRN_LAUNCH_TIME": str(time.time())}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **env_extra, "QWEN3_TRN_LAUNCH_TIME": str(time.time())}
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
     if done.returncode:
         sys.exit(f"failed: {' '.join(cmd)}\n{done.stderr[-3000:]}")
@@ -62,11 +62,12 @@ def main() -> None:
         print(f"{name:<12} {first:>18.2f} {steady:>16.0f}")
     (f_first, f_tps), (d_first, d_tps) = summary["qwen3_trn"], summary["torchtitan"]
     print(f"start-up overhead: {f_first - d_first:+.2f} s   tokens/s ratio: {f_tps / d_tps:.3f}")
+    # torchtitan's log line carries 5 decimals: equal within its rounding means identical.
     same = all(
-        [round(r["loss"], 4) for r in a] == [round(r["loss"], 4) for r in b]
+        len(a) == len(b) and all(abs(x["loss"] - y["loss"]) <= 5e-6 for x, y in zip(a, b))
         for a in results["qwen3_trn"] for b in results["torchtitan"]
     )
-    print(f"loss curves identical (4 decimals, same seed): {same}")
+    print(f"loss curves identical (to torchtitan's 5 logged decimals, same seed): {same}")
 
 
 if __name__ == "__main__":
