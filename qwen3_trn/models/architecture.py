@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from torchtitan.models.common.moe import MoE
 from torchtitan.models.qwen3 import qwen3_configs, Qwen3Model
@@ -74,22 +75,33 @@ class Qwen3Architecture:
             )
         return cls(**common, hidden_dim=layer.feed_forward.w1.out_features)
 
-    def with_overrides(self, model: ModelConfig) -> "Qwen3Architecture":
-        requested = {
+    def requested_overrides(self, model: ModelConfig) -> dict[str, Any]:
+        """The model group's non-null architecture keys."""
+        return {
             f.name: getattr(model, f.name)
             for f in dataclasses.fields(self)
             if hasattr(model, f.name) and getattr(model, f.name) is not None
         }
-        wrong_kind = [k for k in requested if k in (DENSE_KEYS if self.is_moe else MOE_KEYS)]
+
+    def keys_of_other_kind(self, requested: dict[str, Any]) -> list[str]:
+        """Requested keys that apply only to the other kind of model (dense vs MoE)."""
+        return [k for k in requested if k in (DENSE_KEYS if self.is_moe else MOE_KEYS)]
+
+    def replaced(self, requested: dict[str, Any]) -> "Qwen3Architecture":
+        arch = dataclasses.replace(self, **requested)
+        arch.validate()
+        return arch
+
+    def with_overrides(self, model: ModelConfig) -> "Qwen3Architecture":
+        requested = self.requested_overrides(model)
+        wrong_kind = self.keys_of_other_kind(requested)
         if wrong_kind:
             kind, other = ("an MoE", "hidden_dim applies to dense flavors; use model.moe_hidden_dim") if self.is_moe else (
                 "a dense",
                 "num_experts/top_k/moe_hidden_dim apply to MoE flavors (debugmodel_moe, 30B-A3B, 235B-A22B)",
             )
             raise NotApplicable(f"model.{wrong_kind[0]}", f"model={model.flavor} is {kind} flavor: {other}.")
-        arch = dataclasses.replace(self, **requested)
-        arch.validate()
-        return arch
+        return self.replaced(requested)
 
     def validate(self) -> None:
         for name in ("n_layers", "dim", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "max_seq_len"):

@@ -19,7 +19,6 @@ reads with ``AutoConfig.from_pretrained``; it always lists ``architectures``.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -29,7 +28,7 @@ from typing import Any
 
 from qwen3_trn.config.schema import ModelConfig
 from qwen3_trn.errors import ConfigError
-from qwen3_trn.models.architecture import DENSE_KEYS, MOE_KEYS, Qwen3Architecture
+from qwen3_trn.models.architecture import Qwen3Architecture
 
 DENSE_ARCHITECTURE = "Qwen3ForCausalLM"
 MOE_ARCHITECTURE = "Qwen3MoeForCausalLM"
@@ -215,12 +214,8 @@ def load_hf_config(hf_model: str) -> dict[str, Any]:
 
 def apply_model_overrides(base: Qwen3Architecture, model: ModelConfig, source: str) -> Qwen3Architecture:
     """``base`` (read from an HF config) with the model group's non-null architecture keys."""
-    requested = {
-        f.name: getattr(model, f.name)
-        for f in dataclasses.fields(base)
-        if hasattr(model, f.name) and getattr(model, f.name) is not None
-    }
-    wrong_kind = [k for k in requested if k in (DENSE_KEYS if base.is_moe else MOE_KEYS)]
+    requested = base.requested_overrides(model)
+    wrong_kind = base.keys_of_other_kind(requested)
     if wrong_kind:
         key = wrong_kind[0]
         if base.is_moe:
@@ -235,9 +230,7 @@ def apply_model_overrides(base: Qwen3Architecture, model: ModelConfig, source: s
                 f"or model.{key}=null."
             )
         raise ConfigError(f"model.{key}", message)
-    arch = dataclasses.replace(base, **requested)
-    arch.validate()
-    return arch
+    return base.replaced(requested)
 
 
 def hf_model_architecture(model: ModelConfig) -> Qwen3Architecture:
