@@ -98,8 +98,9 @@ def _check_tokenizer(cfg: RunConfig, arch: Qwen3Architecture) -> None:
             "there, or leave model.hf_assets_path unset to use the tokenizer the project ships.",
         )
     if tokenizer_json.is_file():
-        vocab = json.loads(tokenizer_json.read_text()).get("model", {}).get("vocab", {})
-        added = json.loads(tokenizer_json.read_text()).get("added_tokens", [])
+        tokenizer = json.loads(tokenizer_json.read_text())
+        vocab = tokenizer.get("model", {}).get("vocab", {})
+        added = tokenizer.get("added_tokens", [])
         size = max([len(vocab)] + [t["id"] + 1 for t in added])
         if size > arch.vocab_size:
             raise ConfigError(
