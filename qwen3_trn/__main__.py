@@ -3,15 +3,14 @@
 import hydra
 from omegaconf import DictConfig
 
+from qwen3_trn.app import run
 from qwen3_trn.config import register_schema
 
 register_schema()
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from qwen3_trn.app import run
-
     run(cfg)
 
 

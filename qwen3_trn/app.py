@@ -1,4 +1,9 @@
-"""One job, from a composed Hydra config to a finished run directory."""
+"""One job, from a composed Hydra config to a finished run directory.
+
+``execute`` composes nothing itself: it types the config, builds the launcher, prepares the
+run (every check before anything is written), claims the run directory, and then either
+plans (``mode=plan``/``check``) or launches and records the outcome in ``summary.json``.
+"""
 
 from __future__ import annotations
 
@@ -9,42 +14,41 @@ import sys
 import time
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
 
-from qwen3_trn.config.schema import RunConfig
+from qwen3_trn.config.schema import Mode
+from qwen3_trn.config.typed import to_run_config
 from qwen3_trn.errors import ConfigError
-from qwen3_trn.outputs import CONFIG_FILE, claim_run_dir, write_run_files
+from qwen3_trn.launch import build_launcher
+from qwen3_trn.plan import config_differences, plan_record, render_plan
+from qwen3_trn.preflight import prepare
+from qwen3_trn.records import (
+    CONFIG_FILE,
+    LAUNCH_TIME_ENV,
+    PLAN_TEXT_FILE,
+    TRACEBACK_ENV,
+    RunStatus,
+    claim_run_dir,
+    update_summary,
+    write_run_files,
+    write_text_atomic,
+)
+from qwen3_trn.sweep import in_multirun, job_context, run_sweep_job
+from qwen3_trn.tracking import plan_tracking, summary_fields, write_tracking
 
-SHOW_TRACEBACK_ENV = "QWEN3_TRN_TRACEBACK"
-
-
-def to_run_config(cfg: DictConfig) -> RunConfig:
-    """The typed config. Re-merging onto the schema rejects keys added with ``+`` that the
-    schema does not have (Hydra lets ``+key=`` through a structured config)."""
-    from omegaconf.errors import ConfigKeyError, ValidationError
-
-    container = OmegaConf.to_container(cfg, resolve=True)
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), container)
-    except (ConfigKeyError, ValidationError) as exc:
-        key = getattr(exc, "full_key", None) or "config"
-        raise ConfigError(key, f"{str(exc).splitlines()[0]}. Remove it or check the spelling (python -m qwen3_trn --cfg job lists every key); "
-                          "torchtitan fields without a key here go under +titan.<path>=<value>.") from exc
-    return OmegaConf.to_object(merged)
+__all__ = ["execute", "run", "to_run_config"]
 
 
 def _overrides() -> list[str]:
-    from hydra.core.hydra_config import HydraConfig
-
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
 def _print_summary(summary: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console()
-    if summary.get("status") == "submitted":
+    if summary.get("status") == RunStatus.submitted:
         slurm = summary.get("slurm") or {}
         console.print(f"qwen3_trn: submitted Slurm job {slurm.get('job_id')}; outputs: {summary.get('run_dir')}", soft_wrap=True)
         return
@@ -81,50 +85,41 @@ def _check_in_subprocess(run_dir: Path) -> dict:
 
 
 def execute(cfg_node: DictConfig) -> dict | None:
-    from qwen3_trn.launch import LAUNCHERS
-    from qwen3_trn.metrics import write_summary
-    from qwen3_trn.plan import plan_record, render_plan
-    from qwen3_trn.preflight import prepare
-    from qwen3_trn.sweep import job_context
-    from qwen3_trn.tracking import plan_tracking, summary_fields, write_tracking
-    from qwen3_trn.worker import WorkerJob
-
     cfg = to_run_config(cfg_node)
-    prepared = prepare(cfg)
+    launcher = build_launcher(cfg.launcher)
+    prepared = prepare(cfg, ranks_here=launcher.ranks_here)
+    launcher.validate(cfg, prepared.layout)
     run_dir = claim_run_dir(cfg.output_dir)
     write_run_files(run_dir, cfg_node, _overrides(), prepared.trainer_config.to_dict())
-    if cfg.mode != "train":
-        text = render_plan(prepared, cfg_node, run_dir)
-        if cfg.mode == "check":
+    sweep = job_context()
+    if cfg.mode != Mode.train:
+        launch = launcher.describe(prepared, run_dir)
+        differences = config_differences(cfg_node, sweep["swept_keys"] if sweep else None)
+        text = render_plan(prepared, launch, cfg_node, differences)
+        if cfg.mode == Mode.check:
             text += f"\n== Fake-backend check ==\n{json.dumps(_check_in_subprocess(run_dir))}\n"
-        (run_dir / "plan.txt").write_text(text)
+        write_text_atomic(run_dir / PLAN_TEXT_FILE, text)
         print(text, end="")
-        return {"status": "planned", "run_dir": str(run_dir), "plan": plan_record(prepared, run_dir)}
+        return {"status": RunStatus.planned, "run_dir": str(run_dir), "plan": plan_record(prepared, launch, run_dir, differences[2])}
 
     info = prepared.trainer_config.metrics.run_info
-    sweep = job_context()
     tracking = plan_tracking(cfg, run_dir, _overrides(), sweep, info)
     write_tracking(run_dir, tracking)
-    write_summary(run_dir, [], {**info, **summary_fields(tracking)}, status="running")
+    update_summary(run_dir, **info, **summary_fields(tracking), status=RunStatus.running)
     if sweep is not None:  # jobs of a sweep run one after another in this process
-        os.environ["QWEN3_TRN_LAUNCH_TIME"] = str(time.time())
+        os.environ[LAUNCH_TIME_ENV] = str(time.time())
     else:
-        os.environ.setdefault("QWEN3_TRN_LAUNCH_TIME", str(time.time()))
+        os.environ.setdefault(LAUNCH_TIME_ENV, str(time.time()))
     started = time.perf_counter()
-    status = "failed"
+    status = RunStatus.failed
     try:
-        outcome = LAUNCHERS[cfg.launcher.name](WorkerJob(cfg=cfg, device_type=prepared.device.type, layout=prepared.layout))
-        # launcher=slurm returns "submitted" when it does not wait for its job
-        status = outcome if isinstance(outcome, str) else "completed"
+        status = launcher.launch(prepared, prepared.trainer_config, detach=sweep is not None)
     except BaseException as exc:
-        status = getattr(exc, "run_status", "failed")  # e.g. "cancelled": a waited-for Slurm job
+        status = getattr(exc, "run_status", RunStatus.failed)  # e.g. cancelled: a waited-for Slurm job
         raise
     finally:
-        summary = json.loads((run_dir / "summary.json").read_text())
-        summary.update(status=status)
-        if status != "submitted":
-            summary.update(wall_time_s=time.perf_counter() - started)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        fields = {} if status == RunStatus.submitted else {"wall_time_s": time.perf_counter() - started}
+        summary = update_summary(run_dir, status=status, **fields)
     _print_summary(summary)
     return summary
 
@@ -134,14 +129,12 @@ def run(cfg_node: DictConfig) -> dict | None:
 
     In a multirun (``-m``) a job's error is recorded in its job.json and the sweep manifest
     instead, and the sweep goes on (``qwen3_trn.sweep``)."""
-    from qwen3_trn.sweep import in_multirun, run_sweep_job
-
     if in_multirun():
         return run_sweep_job(execute, cfg_node)
     try:
         return execute(cfg_node)
     except ConfigError as exc:
-        if os.environ.get(SHOW_TRACEBACK_ENV) or os.environ.get("HYDRA_FULL_ERROR"):
+        if os.environ.get(TRACEBACK_ENV) or os.environ.get("HYDRA_FULL_ERROR"):
             raise
-        print(f"error: {exc}\n(set {SHOW_TRACEBACK_ENV}=1 for a traceback)", file=sys.stderr)
+        print(f"error: {exc}\n(set {TRACEBACK_ENV}=1 for a traceback)", file=sys.stderr)
         sys.exit(2)

@@ -23,8 +23,9 @@ from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 from torchtitan.trainer import Trainer
 
 from qwen3_trn.backends import get_backend
-from qwen3_trn.config.schema import CheckpointConfig, RunConfig
+from qwen3_trn.config.schema import CheckpointConfig, LoggerBackend, RunConfig
 from qwen3_trn.config.titan_overrides import apply_titan_overrides
+from qwen3_trn.data.embedded import ensure_assets, tokenizer_dir
 from qwen3_trn.data.sources import resolve_dataset
 from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.errors import ConfigError
@@ -42,22 +43,20 @@ def architecture(cfg: RunConfig) -> Qwen3Architecture:
 def tokenizer_path(cfg: RunConfig) -> str:
     if cfg.model.hf_assets_path:
         return cfg.model.hf_assets_path
-    from qwen3_trn.data.embedded import ensure_assets, tokenizer_dir
-
     return str(tokenizer_dir(ensure_assets()))
 
 
 def param_dtype(cfg: RunConfig, device: DeviceSpec) -> str:
     """FSDP's mixed-precision param dtype; ``auto`` is bf16 where the device runs it natively."""
     if cfg.training.mixed_precision_param != "auto":
-        return cfg.training.mixed_precision_param
+        return str(cfg.training.mixed_precision_param)
     return "bfloat16" if device.fast_bf16 else "float32"
 
 
 def compute_dtype(cfg: RunConfig, device: DeviceSpec) -> str:
     """The dtype matmuls run in. torchtitan applies FSDP (and so its mixed-precision policy)
     even at data-parallel degree 1, so this is the param dtype whenever training in fp32."""
-    return param_dtype(cfg, device) if cfg.training.dtype == "float32" else cfg.training.dtype
+    return param_dtype(cfg, device) if cfg.training.dtype == "float32" else str(cfg.training.dtype)
 
 
 def _step_folders(folder: Path) -> list[tuple[int, Path]]:
@@ -103,7 +102,7 @@ def _checkpoint(cfg: RunConfig) -> CheckpointManager.Config:
         initial_load_in_hf=ckpt.initial_load_in_hf and resume is None,
         last_save_in_hf=ckpt.last_save_in_hf,
         last_save_model_only=ckpt.last_save_in_hf,
-        export_dtype=ckpt.export_dtype,
+        export_dtype=str(ckpt.export_dtype),
     )
 
 
@@ -113,7 +112,7 @@ def _optimizer(cfg: RunConfig) -> OptimizersContainer.Config:
         param_groups=[
             ParamGroupConfig(
                 pattern=r".*",
-                optimizer_name=opt.name,
+                optimizer_name=str(opt.name),
                 optimizer_kwargs={
                     "lr": opt.lr,
                     "betas": (opt.beta1, opt.beta2),
@@ -128,6 +127,7 @@ def _optimizer(cfg: RunConfig) -> OptimizersContainer.Config:
 def run_info(cfg: RunConfig, device: DeviceSpec, layout: Layout, arch: Qwen3Architecture) -> dict[str, Any]:
     return {
         "backend": cfg.backend.name,
+        "launcher": cfg.launcher.name,
         "device": device.type,
         "flavor": cfg.model.flavor,
         "architecture": arch.summary(),
@@ -135,7 +135,7 @@ def run_info(cfg: RunConfig, device: DeviceSpec, layout: Layout, arch: Qwen3Arch
         "layout": layout.describe(),
         "seed": cfg.training.seed,
         "run_dir": cfg.output_dir,
-        **get_backend(cfg.backend.name).run_info(cfg, device),
+        **get_backend(cfg.backend.name).run_info(cfg, arch, device),
     }
 
 
@@ -153,8 +153,8 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
         dump_folder=cfg.output_dir,
         metrics=RunMetricsProcessor.Config(
             log_freq=cfg.logger.log_freq,
-            enable_wandb="wandb" in cfg.logger.backends,
-            enable_tensorboard="tensorboard" in cfg.logger.backends,
+            enable_wandb=LoggerBackend.wandb in cfg.logger.backends,
+            enable_tensorboard=LoggerBackend.tensorboard in cfg.logger.backends,
             disable_color_printing=True,
             run_dir=cfg.output_dir,
             total_steps=training.steps,
@@ -168,7 +168,7 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
         lr_scheduler=LRSchedulersContainer.Config(
             warmup_steps=cfg.optimizer.warmup_steps,
             decay_ratio=cfg.optimizer.decay_ratio,
-            decay_type=cfg.optimizer.decay_type,
+            decay_type=str(cfg.optimizer.decay_type),
             min_lr_factor=cfg.optimizer.min_lr_factor,
         ),
         training=TitanTrainingConfig(
@@ -177,7 +177,7 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
             seq_len=training.seq_len,
             max_norm=training.max_norm,
             steps=training.steps,
-            dtype=training.dtype,
+            dtype=str(training.dtype),
             mixed_precision_param=param_dtype(cfg, device),
             gc_freq=training.gc_freq,
         ),
@@ -190,14 +190,14 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
             expert_parallel_degree=layout.ep,
             pipeline_parallel_schedule=cfg.parallelism.pp_schedule,
             pipeline_parallel_microbatch_size=cfg.parallelism.pp_microbatch_size,
-            fsdp_reshard_after_forward=cfg.parallelism.fsdp_reshard_after_forward,
+            fsdp_reshard_after_forward=str(cfg.parallelism.fsdp_reshard_after_forward),
         ),
         checkpoint=_checkpoint(cfg),
         activation_checkpoint=ACTIVATION_CHECKPOINTING[training.activation_checkpoint](),
         compile=TitanCompileConfig(
             enable=compile_enabled,
-            backend=cfg.compile.backend if compile_enabled else "inductor",
-            components=list(cfg.compile.components),
+            backend=str(cfg.compile.backend) if compile_enabled else "inductor",
+            components=[str(c) for c in cfg.compile.components],
         ),
         debug=DebugConfig(seed=training.seed, deterministic=training.deterministic),
         **backend.trainer_fields(cfg),

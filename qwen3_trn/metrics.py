@@ -19,9 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor
+import torch.distributed as dist
+from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor, _get_metrics_rank
 
-from qwen3_trn.run_summary import summarize  # noqa: F401 - light module, shared with reports
+from qwen3_trn.backends import get_backend
+from qwen3_trn.records import LAUNCH_TIME_ENV, METRICS_FILE, summarize, write_metrics_summary
+from qwen3_trn.tracking import start_wandb
 
 # torchtitan metric name -> name in metrics.jsonl
 _RENAMES = {
@@ -160,9 +163,6 @@ class RunMetricsProcessor(MetricsProcessor):
         super().__init__(config, **kwargs)
 
     def _build_metric_logger(self, *, config: Config, parallel_dims, **kwargs: Any) -> BaseLogger:
-        import torch.distributed as dist
-        from torchtitan.components.metrics import _get_metrics_rank
-
         # enable_wandb selects the project's own wandb run below, not torchtitan's WandBLogger.
         use_wandb = config.enable_wandb
         titan_config = dataclasses.replace(config, enable_wandb=False) if use_wandb else config
@@ -172,13 +172,11 @@ class RunMetricsProcessor(MetricsProcessor):
             return base
         container = base if isinstance(base, LoggerContainer) else LoggerContainer()
         data_parallel = parallel_dims.dp_replicate * parallel_dims.dp_shard
-        launch = os.environ.get("QWEN3_TRN_LAUNCH_TIME")
+        launch = os.environ.get(LAUNCH_TIME_ENV)
         launch_time = float(launch) if launch else None
-        self._jsonl = JsonlLogger(Path(config.run_dir) / "metrics.jsonl", data_parallel, launch_time)
+        self._jsonl = JsonlLogger(Path(config.run_dir) / METRICS_FILE, data_parallel, launch_time)
         container.add_logger(self._jsonl)
         if use_wandb:
-            from qwen3_trn.tracking import start_wandb
-
             self._wandb = start_wandb(Path(config.run_dir), config.run_info)
             if self._wandb is not None:
                 container.add_logger(WandbMetricsLogger(self._wandb, data_parallel, launch_time))
@@ -186,22 +184,38 @@ class RunMetricsProcessor(MetricsProcessor):
             container.add_logger(ProgressLogger(config.total_steps, data_parallel))
         return container
 
+    def what_ran(self) -> dict[str, Any]:
+        """Facts of this rank's built model, which win over the parent's predictions: the
+        device and dtypes of the parameters, FSDP's compute dtype, and what the mode reports
+        (the kernel chosen for the local expert shards)."""
+        parts = list(getattr(self, "model_parts", None) or [])
+        params = [p for part in parts for p in part.parameters()]
+        if not params:
+            return {}
+        first = params[0].to_local() if hasattr(params[0], "to_local") else params[0]
+        facts: dict[str, Any] = {"device": first.device.type, "param_dtype": str(first.dtype).removeprefix("torch.")}
+        for part in parts:
+            for module in part.modules():
+                state = getattr(module, "_get_fsdp_state", None)
+                policy = getattr(state(), "_mp_policy", None) if callable(state) else None
+                if policy is not None:
+                    facts["compute_dtype"] = str(policy.param_dtype or first.dtype).removeprefix("torch.")
+                    break
+            if "compute_dtype" in facts:
+                break
+        facts.setdefault("compute_dtype", facts["param_dtype"])
+        backend = self.config.run_info.get("backend")
+        if backend:
+            facts.update(get_backend(backend).what_ran(parts, first.device.type))
+        return facts
+
     def close(self) -> None:
-        run_info = dict(self.config.run_info)
+        run_info = {**self.config.run_info, **self.what_ran()}
         if self._wandb is not None:
             if self._jsonl is not None:
                 self._wandb.set_summary(summarize(self._jsonl.records))
+            self._wandb.record_what_ran(self.what_ran())
             run_info["wandb_run"] = self._wandb.info()
         super().close()
         if self._jsonl is not None:
-            write_summary(Path(self.config.run_dir), self._jsonl.records, run_info)
-
-
-def write_summary(run_dir: Path, records: list[dict[str, Any]], run_info: dict[str, Any], status: str | None = None) -> dict:
-    path = run_dir / "summary.json"
-    previous = json.loads(path.read_text()) if path.exists() else {}
-    summary = {**previous, **run_info, **summarize(records), "metrics_file": str(run_dir / "metrics.jsonl")}
-    if status is not None:
-        summary["status"] = status
-    path.write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+            write_metrics_summary(Path(self.config.run_dir), self._jsonl.records, run_info)

@@ -9,42 +9,44 @@ which validates large layouts (e.g. 64 ranks) on one CPU.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
-from omegaconf import OmegaConf
+import torch
 
-from qwen3_trn.config.schema import RunConfig
+from qwen3_trn.config.schema import Mode, RunConfig
+from qwen3_trn.devices import probe_device
 from qwen3_trn.errors import ConfigError
-
-
-def load_run_config(path: str) -> RunConfig:
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(path)))
+from qwen3_trn.preflight import resolve
+from qwen3_trn.records import load_run_config
+from qwen3_trn.worker import WorkerJob, build_trainer, run_worker
 
 
 def check_layout(cfg: RunConfig) -> dict:
     """Build the Trainer for rank 0 of the planned world with fake collectives (no training)."""
-    import torch
-
-    from qwen3_trn.convert import compute_dtype, to_trainer_config
-    from qwen3_trn.devices import probe_device
-    from qwen3_trn.preflight import prepare
-
-    cfg.mode = "check"
-    prepared = prepare(cfg)
-    world = prepared.layout.world_size
+    cfg.mode = Mode.check
+    resolved = resolve(cfg)
+    world = resolved.layout.world_size
     os.environ.update({"NGPU": str(world), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world)})
-    cpu = probe_device("cpu")
-    cpu.activate(compute_dtype(cfg, cpu))
-    trainer_config = to_trainer_config(cfg, cpu, prepared.layout)
-    trainer_config.comm.mode = "fake_backend"
-    trainer_config.metrics.console_progress = False
-    trainer = trainer_config.build()
+    trainer = build_trainer(cfg, probe_device("cpu"), resolved.layout, fake_backend=True)
     params = sum(p.numel() for m in trainer.model_parts for p in m.parameters())
     local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for m in trainer.model_parts for p in m.parameters())
     trainer.close()
     torch.distributed.destroy_process_group()
-    return {"world_size": world, "parameters": params, "rank0_local_parameters": local, "layout": prepared.layout.describe()}
+    return {"world_size": world, "parameters": params, "rank0_local_parameters": local, "layout": resolved.layout.describe()}
+
+
+def run_rank(cfg: RunConfig) -> None:
+    """This process's rank of the run (the launcher set RANK, WORLD_SIZE, ...)."""
+    resolved = resolve(cfg)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != resolved.layout.world_size:
+        raise ConfigError(
+            "launcher",
+            f"the launcher started {world} ranks but the config's layout needs {resolved.layout.world_size} ({resolved.layout.describe()}).",
+        )
+    run_worker(WorkerJob(cfg=cfg, device_type=resolved.device.type, layout=resolved.layout))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -55,20 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cfg = load_run_config(args.config)
         if args.check:
-            import json
-
             print(json.dumps(check_layout(cfg)))
-            return
-        from qwen3_trn.launch.slurm import ON_NODE_ENV
-        from qwen3_trn.preflight import prepare
-        from qwen3_trn.worker import WorkerJob, run_worker
-
-        os.environ.setdefault(ON_NODE_ENV, "1")  # a rank runs here even if launcher=slurm planned it: no submission checks
-        prepared = prepare(cfg)
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world != prepared.layout.world_size:
-            raise ConfigError("launcher", f"the launcher started {world} ranks but the config's layout needs {prepared.layout.world_size} ({prepared.layout.describe()}).")
-        run_worker(WorkerJob(cfg=cfg, device_type=prepared.device.type, layout=prepared.layout))
+        else:
+            run_rank(cfg)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

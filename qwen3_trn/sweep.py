@@ -20,7 +20,6 @@ group and rendezvous). Under a multirun:
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 import time
@@ -29,18 +28,42 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 
-SWEEP_FILE = "sweep.json"
-MANIFEST_FILE = "manifest.json"
-JOB_FILE = "job.json"
-ERROR_LOG = "error.log"
+from qwen3_trn.config.overrides import override_key
+from qwen3_trn.errors import ConfigError, NotApplicable, describe_error
+from qwen3_trn.launch import LAUNCHERS
+from qwen3_trn.records import (
+    ERROR_LOG,
+    IN_FLIGHT_STATUSES,
+    JOB_FILE,
+    LOGS_DIR,
+    MANIFEST_FILE,
+    SUMMARY_FILE,
+    RunStatus,
+    holds_run,
+    job_records,
+    read_json,
+    read_manifest,
+    read_summary,
+    read_sweep_file,
+    write_job_record,
+    write_json_atomic,
+    write_manifest_file,
+    write_sweep_file,
+    write_text_atomic,
+)
+from qwen3_trn.report import build_report
+from qwen3_trn.tracking import finish_dangling_run
+
 # Statuses of jobs that run elsewhere (launcher=slurm) or only planned (mode=plan).
-OTHER_STATUSES = ("cancelled", "submitted", "pending", "running", "planned")
+OTHER_STATUSES = ("cancelled", "interrupted", "submitted", "pending", "running", "planned")
 FINAL_KEYS = ("steps_logged", "first_loss", "last_loss", "min_loss", "tokens_per_s", "peak_memory_gib", "mfu_pct", "wall_time_s")
-
-# Records of the jobs this process ran (Hydra's basic launcher runs them all here).
-_RESULTS: dict[int, dict[str, Any]] = {}
 
 
 # ------------------------------------------------------------------------------------------
@@ -49,34 +72,16 @@ _RESULTS: dict[int, dict[str, Any]] = {}
 
 
 def in_multirun() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
-def override_key(override: str) -> str:
-    """``model.top_k`` of ``model.top_k=2`` (also ``+key=v``, ``++key=v``, ``~key``)."""
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def _read_sweep_file(sweep_dir: Path) -> dict[str, Any]:
-    path = sweep_dir / SWEEP_FILE
-    try:
-        return json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        return {}
 
 
 def job_context() -> dict[str, Any] | None:
     """This job's place in the multirun, or None for a single run."""
-    from hydra.core.hydra_config import HydraConfig
-
     if not in_multirun():
         return None
     hydra_cfg = HydraConfig.get()
     sweep_dir = Path(str(hydra_cfg.sweep.dir)).resolve()
-    shared = _read_sweep_file(sweep_dir)
+    shared = read_sweep_file(sweep_dir)
     overrides = list(hydra_cfg.overrides.task)
     swept = shared.get("swept_keys") or []
     name = ",".join(o for o in overrides if override_key(o) in swept) or hydra_cfg.job.override_dirname or f"job{hydra_cfg.job.num}"
@@ -106,20 +111,16 @@ def rerun_command(overrides: list[str]) -> str:
     return " ".join(["python -m qwen3_trn", "hydra.mode=RUN", *(shlex.quote(o) for o in overrides)])
 
 
-def _holds_other_run(job_dir: Path) -> bool:
-    from qwen3_trn.outputs import RUN_MARKERS
-
-    return any((job_dir / name).exists() for name in (*RUN_MARKERS, JOB_FILE))
+def _foreign_record_path(sweep_dir: Path, num: int) -> Path:
+    """Where the record of a job whose directory already held another run goes."""
+    return sweep_dir / f"job-{num}.json"
 
 
 def run_sweep_job(execute: Callable[[Any], dict | None], cfg_node: Any) -> dict[str, Any]:
     """Run one multirun job; record its outcome instead of raising, so the sweep goes on."""
-    from qwen3_trn.errors import ConfigError, NotApplicable
-    from qwen3_trn.tracking import finish_dangling_run
-
     ctx = job_context() or {}
     job_dir = Path(ctx.get("job_dir", "."))
-    foreign = _holds_other_run(job_dir)
+    foreign = holds_run(job_dir)
     record: dict[str, Any] = {
         "num": ctx.get("num"),
         "name": ctx.get("name"),
@@ -132,7 +133,7 @@ def run_sweep_job(execute: Callable[[Any], dict | None], cfg_node: Any) -> dict[
     try:
         summary = execute(cfg_node)
         # launcher=slurm (jobs run on the cluster; states: qwen3_trn.launch.slurm) and mode=plan
-        record["status"] = summary["status"] if summary and summary.get("status") in ("submitted", "planned") else "completed"
+        record["status"] = str(summary["status"]) if summary and summary.get("status") in (RunStatus.submitted, RunStatus.planned) else "completed"
     except NotApplicable as exc:
         record.update(status="skipped", reason=str(exc), error_key=exc.key)
     except KeyboardInterrupt:
@@ -146,8 +147,8 @@ def run_sweep_job(execute: Callable[[Any], dict | None], cfg_node: Any) -> dict[
         finish_dangling_run(exit_code=0 if record["status"] == "completed" else 1)
         _destroy_process_group()
     record["ended"] = time.time()
-    if summary is None and (job_dir / "summary.json").is_file() and not foreign:
-        summary = json.loads((job_dir / "summary.json").read_text())
+    if summary is None and (job_dir / SUMMARY_FILE).is_file() and not foreign:
+        summary = read_summary(job_dir)
     if summary:
         record["final"] = _final_figures(summary)
         if summary.get("wandb_run_id"):
@@ -164,20 +165,21 @@ def run_sweep_job(execute: Callable[[Any], dict | None], cfg_node: Any) -> dict[
     if not foreign:
         job_dir.mkdir(parents=True, exist_ok=True)
         if record["status"] == "failed":
-            logs = sorted(str(p) for p in (job_dir / "logs").glob("rank*.log")) if (job_dir / "logs").is_dir() else []
-            (job_dir / ERROR_LOG).write_text(
+            logs = sorted(str(p) for p in (job_dir / LOGS_DIR).glob("rank*.log")) if (job_dir / LOGS_DIR).is_dir() else []
+            write_text_atomic(
+                job_dir / ERROR_LOG,
                 f"job {record['num']}: {' '.join(record['overrides'])}\n{record['error']}\n\n{record.pop('traceback')}"
                 + (f"\nrank logs: {', '.join(logs)}\n" if logs else "")
             )
             record["log"] = str(job_dir / ERROR_LOG)
             if logs:
                 record["rank_logs"] = logs
-        (job_dir / JOB_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n")
+        write_job_record(job_dir, record)
     else:
         record.pop("traceback", None)
         record["note"] = f"{job_dir} already held a run; nothing was written there"
-    if record["num"] is not None:
-        _RESULTS[record["num"]] = record
+        if ctx.get("dir") and record["num"] is not None:
+            write_json_atomic(_foreign_record_path(Path(ctx["dir"]), record["num"]), record)
     print(f"[sweep] {_job_line(record)}", flush=True)
     if ctx.get("dir"):  # so that an interrupted sweep still shows what ran
         try:
@@ -185,21 +187,6 @@ def run_sweep_job(execute: Callable[[Any], dict | None], cfg_node: Any) -> dict[
         except OSError:
             pass
     return record
-
-
-def describe_error(exc: BaseException) -> str:
-    """One line: for a multi-rank job, the first failing rank's own error (not the launcher's banner)."""
-    if hasattr(exc, "get_first_failure"):  # torch.distributed.elastic ChildFailedError
-        try:
-            rank, failure = exc.get_first_failure()
-            message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message or "")
-            if message:
-                return f"rank {rank} failed: {message.strip().splitlines()[0]}"[:500]
-            return f"rank {rank} failed with exit code {failure.exitcode} (see its log)"
-        except Exception:  # noqa: BLE001 - fall back to the exception's own text
-            pass
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    return (f"{type(exc).__name__}: {lines[0].strip()}" if lines else type(exc).__name__)[:500]
 
 
 def _destroy_process_group() -> None:
@@ -241,20 +228,18 @@ def _job_line(job: dict[str, Any]) -> str:
 
 
 def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
-    """Every job of the sweep: this process's records, then job.json files (other launchers)."""
-    jobs = {num: dict(job) for num, job in _RESULTS.items() if Path(job.get("run_dir", "/")).resolve().is_relative_to(sweep_dir)}
-    for path in sorted(sweep_dir.glob(f"**/{JOB_FILE}")):
-        try:
-            job = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if job.get("num") is not None and job["num"] not in jobs:
-            jobs[job["num"]] = job
+    """Every job of the sweep, from its records (job.json, or job-<num>.json in the sweep
+    directory for a job whose directory held another run)."""
+    jobs = job_records(sweep_dir)
+    for path in sorted(sweep_dir.glob("job-*.json")):
+        job = read_json(path)
+        if job and job.get("num") is not None:
+            jobs.setdefault(int(job["num"]), job)
     return [jobs[n] for n in sorted(jobs)]
 
 
 def write_manifest(sweep_dir: Path, jobs: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    shared = _read_sweep_file(sweep_dir)
+    shared = read_sweep_file(sweep_dir)
     counts = {s: sum(1 for j in jobs if j.get("status") == s) for s in ("completed", "failed", "skipped")}
     counts.update({s: n for s in OTHER_STATUSES if (n := sum(1 for j in jobs if j.get("status") == s))})  # only when present
     manifest = {
@@ -270,7 +255,7 @@ def write_manifest(sweep_dir: Path, jobs: list[dict[str, Any]], extra: dict[str,
         "rerun_failed": [j["rerun"] for j in jobs if j.get("status") == "failed" and j.get("rerun")],
         **(extra or {}),
     }
-    (sweep_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    write_manifest_file(sweep_dir, manifest)
     return manifest
 
 
@@ -295,14 +280,91 @@ def format_summary(manifest: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------
+# Jobs that run elsewhere (launcher=slurm): their states into the records
+# ------------------------------------------------------------------------------------------
+
+
+def _merge_into_record(record: dict[str, Any], summary: dict[str, Any]) -> None:
+    slurm = summary.get("slurm") or {}
+    record["slurm"] = slurm
+    status = summary.get("status") or record.get("status")
+    record["status"] = status
+    record["log"] = slurm.get("stderr") if status == RunStatus.failed else slurm.get("stdout")
+    final = _final_figures(summary)
+    if final:
+        record["final"] = final
+    if status == RunStatus.failed:
+        record["error"] = summary.get("error") or f"Slurm job {slurm.get('job_id')} {slurm.get('state')}"
+    else:
+        record.pop("error", None)
+    if summary.get("wandb_run_id"):
+        record["wandb_run_id"] = summary["wandb_run_id"]
+
+
+def _sync_job_record(run_dir: Path, summary: dict[str, Any]) -> None:
+    """A sweep job's job.json, brought in line with its run's summary."""
+    record = read_json(run_dir / JOB_FILE)
+    if record is None:
+        return
+    _merge_into_record(record, summary)
+    if record["status"] == RunStatus.failed:
+        record["rerun"] = rerun_command(record.get("overrides", []))
+        logs = ", ".join((summary.get("slurm") or {}).get("logs", []))
+        write_text_atomic(run_dir / ERROR_LOG, f"job {record.get('num')}: {' '.join(record.get('overrides', []))}\n{record.get('error')}\nlogs: {logs}\n")
+    write_job_record(run_dir, record)
+
+
+def refresh_runs(run_dirs: list[Path], wait: bool = False) -> list[dict[str, Any]]:
+    """Ask each run's launcher for its current state (waiting for the end when ``wait``);
+    the run summaries and any sweep job records are updated. Returns the summaries."""
+    by_launcher: dict[str, list[Path]] = {}
+    for run_dir in run_dirs:
+        name = read_summary(run_dir).get("launcher") or "local"
+        by_launcher.setdefault(name, []).append(Path(run_dir))
+    summaries = []
+    for name, dirs in by_launcher.items():
+        for summary in LAUNCHERS[name].refresh(dirs, wait=wait):
+            _sync_job_record(Path(summary["run_dir"]), summary)
+            summaries.append(summary)
+    return summaries
+
+
+def settle_jobs(jobs: list[dict[str, Any]], wait: bool = False) -> list[dict[str, Any]]:
+    """The sweep's jobs with the current states of those still in flight elsewhere."""
+    in_flight = [job for job in jobs if job.get("status") in IN_FLIGHT_STATUSES and job.get("run_dir")]
+    summaries = {str(Path(s["run_dir"])): s for s in refresh_runs([Path(j["run_dir"]) for j in in_flight], wait=wait)}
+    for job in in_flight:
+        summary = summaries.get(str(Path(job["run_dir"])))
+        if summary is not None:
+            _merge_into_record(job, summary)
+    return jobs
+
+
+def refresh_sweep(sweep_dir: Path, wait: bool = False) -> dict[str, Any]:
+    """Refresh a sweep's jobs and rewrite its manifest (and its report once all ended)."""
+    jobs = settle_jobs(collect_jobs(sweep_dir), wait=wait)
+    in_flight = any(j.get("status") in IN_FLIGHT_STATUSES for j in jobs)
+    previous = read_manifest(sweep_dir) or {}
+    extra: dict[str, Any] = {"complete": not in_flight}
+    if not in_flight and previous.get("report"):
+        extra["report"] = previous["report"]
+    manifest = write_manifest(sweep_dir, jobs, extra)
+    if not in_flight and not previous.get("report"):
+        try:
+            result = build_report([sweep_dir], out_dir=sweep_dir)
+            manifest = write_manifest(sweep_dir, jobs, {**extra, "report": str(result.html), "report_notes": result.notes})
+        except Exception as exc:  # noqa: BLE001 - the states matter more than the report
+            manifest = write_manifest(sweep_dir, jobs, {**extra, "report_error": f"{type(exc).__name__}: {exc}"})
+    return manifest
+
+
+# ------------------------------------------------------------------------------------------
 # Hydra callback
 # ------------------------------------------------------------------------------------------
 
 
 def _sweep_overrides(config: Any) -> dict[str, Any]:
     """The sweep's overrides by key: ``hydra.sweeper.params``, then the command line (which wins)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     params = config.hydra.sweeper.get("params") or {}
     entries = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
     try:
@@ -323,8 +385,6 @@ def swept_keys(config: Any) -> list[str]:
 def unknown_group_options(config: Any) -> list[str]:
     """Swept config-group options that do not exist (e.g. ``backend=nki_moe`` before that mode
     is installed). Hydra would only find out when it reaches that job, and stop the sweep there."""
-    from hydra.core.global_hydra import GlobalHydra
-
     if not GlobalHydra.instance().is_initialized():
         return []
     loader = GlobalHydra.instance().config_loader()
@@ -352,7 +412,6 @@ class SweepCallback(Callback):
         self.publish = publish
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        _RESULTS.clear()
         problems = unknown_group_options(config)
         if problems:  # before any job runs, rather than a crash at that job
             print("error: this sweep cannot run:\n  " + "\n  ".join(problems), file=sys.stderr, flush=True)
@@ -371,19 +430,18 @@ class SweepCallback(Callback):
             "command": " ".join(["python -m qwen3_trn", *(shlex.quote(a) for a in sys.argv[1:])]),
             "started": time.time(),
         }
-        (sweep_dir / SWEEP_FILE).write_text(json.dumps(shared, indent=2) + "\n")
+        write_sweep_file(sweep_dir, shared)
 
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
         """A job whose error escaped ``run_sweep_job`` (it should not) is still recorded."""
-        from hydra.core.utils import JobStatus
-
         if job_return is None or job_return.status != JobStatus.FAILED:
             return
         num = int(config.hydra.job.num)
-        if num in _RESULTS and _RESULTS[num].get("status") != "running":
+        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+        if any(job.get("num") == num and job.get("status") != "running" for job in collect_jobs(sweep_dir)):
             return
         error = job_return._return_value
-        _RESULTS[num] = {
+        write_json_atomic(_foreign_record_path(sweep_dir, num), {
             "num": num,
             "name": config.hydra.job.override_dirname,
             "overrides": list(job_return.overrides or []),
@@ -391,24 +449,17 @@ class SweepCallback(Callback):
             "status": "failed",
             "error": f"{type(error).__name__}: {error}",
             "rerun": rerun_command(list(job_return.overrides or [])),
-        }
+        })
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
-        jobs = collect_jobs(sweep_dir)
-        in_flight = False
-        if any(job.get("slurm") for job in jobs):  # launcher=slurm: states from Slurm, waiting if asked
-            from qwen3_trn.launch.slurm import IN_FLIGHT_STATUSES, settle_sweep_jobs
-
-            jobs = settle_sweep_jobs(jobs, wait=bool(config.get("launcher", {}).get("wait", False)))
-            in_flight = any(job.get("status") in IN_FLIGHT_STATUSES for job in jobs)
+        jobs = settle_jobs(collect_jobs(sweep_dir), wait=bool(config.get("launcher", {}).get("wait", False)))
+        in_flight = any(job.get("status") in IN_FLIGHT_STATUSES for job in jobs)
         manifest = write_manifest(sweep_dir, jobs, {"complete": not in_flight})
         if in_flight:
-            print(f"[sweep] jobs still queued or running on Slurm; refresh their states with: python -m qwen3_trn.launch.slurm status {sweep_dir}", flush=True)
+            print(f"[sweep] jobs still queued or running elsewhere; refresh their states with: python -m qwen3_trn.status {sweep_dir}", flush=True)
         if self.report and jobs and not in_flight and not all(job.get("status") == "planned" for job in jobs):
             try:
-                from qwen3_trn.report import build_report
-
                 result = build_report([sweep_dir], out_dir=sweep_dir, publish=self.publish)
                 manifest = write_manifest(sweep_dir, jobs, {"complete": True, "report": str(result.html), "report_notes": result.notes})
             except Exception as exc:  # noqa: BLE001 - the sweep's outcome must still be reported
@@ -427,10 +478,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m qwen3_trn.sweep", description="Print a finished sweep's summary.")
     parser.add_argument("sweep_dir")
     args = parser.parse_args(argv)
-    path = Path(args.sweep_dir) / MANIFEST_FILE
-    if not path.is_file():
-        parser.error(f"{path} does not exist (is {args.sweep_dir} a sweep directory?)")
-    manifest = json.loads(path.read_text())
+    manifest = read_manifest(Path(args.sweep_dir))
+    if manifest is None:
+        parser.error(f"{Path(args.sweep_dir) / MANIFEST_FILE} does not exist (is {args.sweep_dir} a sweep directory?)")
     print(format_summary(manifest))
     sys.exit(1 if manifest["counts"]["failed"] else 0)
 

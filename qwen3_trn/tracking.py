@@ -17,16 +17,20 @@ ranks never re-run Hydra, they read that file.
 
 from __future__ import annotations
 
-import json
 import logging
+import netrc
+import os
 import secrets
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-TRACKING_FILE = "tracking.json"
+from qwen3_trn.config.overrides import override_values
+from qwen3_trn.records import CONFIG_FILE, TRACKING_FILE, load_run_config, read_json, read_overrides, write_json_atomic
+
 logger = logging.getLogger(__name__)
 
 
@@ -96,19 +100,18 @@ def plan_tracking(cfg, run_dir: Path, overrides: list[str], sweep: dict[str, Any
             "layout": run_info.get("layout"),
             "git_revision": revision,
             "overrides": list(overrides),
-            "params": {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[1] for o in overrides if "=" in o},
+            "params": override_values(overrides),
             **({"sweep_group": sweep.get("group"), "sweep_dir": sweep.get("dir"), "job_num": sweep.get("num")} if sweep else {}),
         },
     }
 
 
 def write_tracking(run_dir: Path, plan: dict[str, Any]) -> None:
-    (run_dir / TRACKING_FILE).write_text(json.dumps(plan, indent=2, default=str) + "\n")
+    write_json_atomic(Path(run_dir) / TRACKING_FILE, plan)
 
 
 def read_tracking(run_dir: Path) -> dict[str, Any] | None:
-    path = Path(run_dir) / TRACKING_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(Path(run_dir) / TRACKING_FILE)
 
 
 def summary_fields(plan: dict[str, Any]) -> dict[str, Any]:
@@ -123,7 +126,7 @@ def summary_fields(plan: dict[str, Any]) -> dict[str, Any]:
 
 def wandb_config(run_dir: Path, plan: dict[str, Any], run_info: dict[str, Any]) -> dict[str, Any]:
     """The config wandb records: the project's composed config plus the ``run`` section."""
-    config_file = Path(run_dir) / "config.yaml"
+    config_file = Path(run_dir) / CONFIG_FILE
     config: dict[str, Any] = {}
     if config_file.is_file():
         config = OmegaConf.to_container(OmegaConf.load(config_file), resolve=False)  # already resolved on disk
@@ -133,13 +136,9 @@ def wandb_config(run_dir: Path, plan: dict[str, Any], run_info: dict[str, Any]) 
 
 def wandb_api_key() -> str | None:
     """The API key wandb would use: WANDB_API_KEY, else the one `wandb login` stored in ~/.netrc."""
-    import os
-
     if os.environ.get("WANDB_API_KEY"):
         return os.environ["WANDB_API_KEY"]
     try:
-        import netrc
-
         host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
         auth = netrc.netrc().authenticators(host)
         return auth[2] if auth else None
@@ -199,6 +198,10 @@ class WandbRunLogger:
                 payload["lr"] = payload[lrs[0]]
         self.run.log(payload, step=step)
 
+    def record_what_ran(self, facts: dict[str, Any]) -> None:
+        """The metrics rank's facts (device, dtypes, kernel), next to the planned ``run`` section."""
+        self.run.config.update({"ran": facts}, allow_val_change=True)
+
     def set_summary(self, summary: dict[str, Any]) -> None:
         self.run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
 
@@ -230,19 +233,13 @@ def start_wandb(run_dir: Path, run_info: dict[str, Any]) -> WandbRunLogger | Non
 def _plan_from_run_dir(run_dir: Path, run_info: dict[str, Any]) -> dict[str, Any]:
     """A run started without ``python -m qwen3_trn`` (the torchrun line of ``mode=plan`` on a
     saved config.yaml): plan its tracking here, on the metrics rank, from its own files."""
-    from qwen3_trn.rank import load_run_config
-
-    overrides_file = Path(run_dir) / "overrides.yaml"
-    overrides = [str(o) for o in OmegaConf.load(overrides_file)] if overrides_file.is_file() else []
-    plan = plan_tracking(load_run_config(str(Path(run_dir) / "config.yaml")), Path(run_dir), overrides, None, run_info)
+    plan = plan_tracking(load_run_config(run_dir), Path(run_dir), read_overrides(run_dir), None, run_info)
     write_tracking(Path(run_dir), plan)
     return plan
 
 
 def finish_dangling_run(exit_code: int = 1) -> None:
     """Mark a wandb run that a failed job left open as failed (a sweep runs jobs in one process)."""
-    import sys
-
     wandb = sys.modules.get("wandb")
     if wandb is not None and getattr(wandb, "run", None) is not None:
         try:

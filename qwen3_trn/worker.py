@@ -1,7 +1,8 @@
-"""What every rank runs: adapt torchtitan to the device, build the Trainer, train.
+"""What every rank runs: adapt torchtitan to the device, build the Trainer once, train.
 
-Ranks receive the already composed and validated ``RunConfig``; they never run Hydra or
-read the command line again.
+Ranks receive the already composed and validated ``RunConfig`` (and the layout resolved from
+it); they never run Hydra or read the command line again. ``build_trainer`` is the one
+bootstrap used by the ranks, the fake-backend layout check and the HF round trip.
 """
 
 from __future__ import annotations
@@ -12,8 +13,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+from torchtitan.trainer import Trainer
+
+from qwen3_trn.backends import get_backend
 from qwen3_trn.config.schema import RunConfig
+from qwen3_trn.convert import compute_dtype, to_trainer_config
+from qwen3_trn.devices import DeviceSpec, resolve_device
 from qwen3_trn.layout import Layout
+from qwen3_trn.records import LOGS_DIR
 
 
 @dataclass(frozen=True)
@@ -23,13 +31,13 @@ class WorkerJob:
     layout: Layout
 
 
-def _configure_logging(cfg: RunConfig, rank: int) -> None:
+def configure_logging(cfg: RunConfig, rank: int) -> None:
     """Full torchtitan log (and Python warnings) per rank in <run dir>/logs; the console gets
     only errors, next to the progress view."""
     root = logging.getLogger()
     root.handlers.clear()
     root.setLevel(logging.INFO)
-    log_dir = Path(cfg.output_dir) / "logs"
+    log_dir = Path(cfg.output_dir) / LOGS_DIR
     log_dir.mkdir(parents=True, exist_ok=True)
     file_handler = logging.FileHandler(log_dir / f"rank{rank}.log")
     file_handler.setFormatter(logging.Formatter(f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -43,23 +51,29 @@ def _configure_logging(cfg: RunConfig, rank: int) -> None:
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 
 
-def run_worker(job: WorkerJob) -> None:
-    import torch
-
-    from qwen3_trn.backends import get_backend
-    from qwen3_trn.convert import compute_dtype, to_trainer_config
-    from qwen3_trn.devices import resolve_device
-
-    cfg = job.cfg
-    rank = int(os.environ.get("RANK", "0"))
-    _configure_logging(cfg, rank)
-    device = resolve_device(job.device_type)
+def build_trainer(
+    cfg: RunConfig, device: DeviceSpec, layout: Layout, trainer_config: Trainer.Config | None = None, *, fake_backend: bool = False
+) -> Trainer:
+    """This process's torchtitan Trainer: the device adapted, the mode's per-process setup
+    done, the ``Trainer.Config`` built (unless given: the one preflight already built in
+    this process) and instantiated. ``fake_backend`` builds it on torchtitan's fake
+    collectives (rank 0 of a planned world, nothing trained)."""
     device.activate(compute_dtype(cfg, device))
     get_backend(cfg.backend.name).prepare_process(cfg, device)
-    trainer_config = to_trainer_config(cfg, device, job.layout)
+    if trainer_config is None:
+        trainer_config = to_trainer_config(cfg, device, layout)
+    if fake_backend:
+        trainer_config.comm.mode = "fake_backend"
+        trainer_config.metrics.console_progress = False
+    return trainer_config.build()
+
+
+def run_worker(job: WorkerJob, trainer_config: Trainer.Config | None = None) -> None:
+    cfg = job.cfg
+    configure_logging(cfg, int(os.environ.get("RANK", "0")))
     trainer = None
     try:
-        trainer = trainer_config.build()
+        trainer = build_trainer(cfg, resolve_device(job.device_type), job.layout, trainer_config)
         trainer.train()
     finally:
         if trainer is not None:

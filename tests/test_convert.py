@@ -68,7 +68,7 @@ def test_parallel_degrees_and_the_rest(tmp_path):
     tc = _trainer_config(["mode=plan", "launcher.nproc_per_node=64", "parallelism.tp=4", "parallelism.dp_shard=-1"], tmp_path)
     p = tc.parallelism
     assert (p.data_parallel_shard_degree, p.tensor_parallel_degree, p.data_parallel_replicate_degree) == (16, 4, 1)
-    tc = _trainer_config(["mode=plan", "parallelism=trn2_multinode"], tmp_path)
+    tc = _trainer_config(["mode=plan", "experiment=trn2_multinode"], tmp_path)
     assert (tc.parallelism.data_parallel_replicate_degree, tc.parallelism.data_parallel_shard_degree) == (2, 64)
 
 

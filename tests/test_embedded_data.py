@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from qwen3_trn.data import build_assets as ba
 from qwen3_trn.data import embedded
+from tools import build_assets as ba
 
 SENTENCE = "Return a new list containing all items from the iterable in ascending order."
 
@@ -28,7 +28,7 @@ def tokenizer():
 
 def test_packaged_assets_present() -> None:
     assert embedded.missing_assets(embedded.PACKAGED_ASSETS_DIR) == []
-    assert embedded.ensure_assets() == embedded.PACKAGED_ASSETS_DIR == embedded.assets_root()
+    assert embedded.ensure_assets() == embedded.PACKAGED_ASSETS_DIR
     assert embedded.corpus_path().name.endswith(".jsonl.gz")
     assert embedded.corpus_path().stat().st_size <= 1_600_000
 
@@ -101,21 +101,9 @@ def test_build_is_deterministic(tmp_path: Path) -> None:
     assert docs and any("JSON" in d for d in docs)
 
 
-def test_ensure_assets_rebuilds_into_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(embedded, "PACKAGED_ASSETS_DIR", tmp_path / "deleted")
-    monkeypatch.setenv("QWEN3_TRN_CACHE", str(tmp_path / "cache"))
-    calls: list[list[str]] = []
-
-    def fake_run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
-        calls.append(cmd)
-        _small_build(Path(cmd[cmd.index("--out") + 1]))
-        return subprocess.CompletedProcess(cmd, 0)
-
-    monkeypatch.setattr(embedded.subprocess, "run", fake_run)
-    root = embedded.ensure_assets()
-    assert root == tmp_path / "cache" / "assets"
-    assert embedded.missing_assets(root) == []
-    assert embedded.ensure_assets() == root and len(calls) == 1  # cached afterwards
-    assert embedded.corpus_path() == root / ba.CORPUS_FILE  # helpers follow the cache
-    assert embedded.tokenizer_dir() == root / "tokenizer"
-    assert [p.name for p in root.parent.iterdir()] == ["assets"]  # no temp leftovers
+def test_missing_assets_are_a_clear_error(tmp_path: Path) -> None:
+    _small_build(tmp_path)
+    assert embedded.ensure_assets(tmp_path) == tmp_path
+    (tmp_path / "tokenizer" / "tokenizer.json").unlink()
+    with pytest.raises(embedded.MissingAssetsError, match="tokenizer/tokenizer.json.*tools/build_assets.py"):
+        embedded.ensure_assets(tmp_path)

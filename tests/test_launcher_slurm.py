@@ -44,7 +44,7 @@ def _execute(overrides: list[str], run_dir: Path) -> dict | None:
 
 
 def _status_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "qwen3_trn.launch.slurm", "status", *args], cwd=REPO, env={**os.environ, **env},
+    return subprocess.run([sys.executable, "-m", "qwen3_trn.status", *args], cwd=REPO, env={**os.environ, **env},
                           capture_output=True, text=True, timeout=300)
 
 
@@ -108,9 +108,9 @@ def test_no_slurm_reachable_says_how_it_was_looked_for(tmp_path: Path, monkeypat
 
 def test_nodes_times_ranks_must_match_the_parallel_degrees(tmp_path: Path):
     with pytest.raises(ConfigError) as err:
-        _execute([*SLURM, *TINY, "launcher.nodes=2", "launcher.nproc_per_node=2", "parallelism.dp_shard=3"], tmp_path / "run")
+        _execute([*SLURM, *TINY, "launcher.nnodes=2", "launcher.nproc_per_node=2", "parallelism.dp_shard=3"], tmp_path / "run")
     assert err.value.key == "parallelism"
-    assert "world size is 4 = launcher.nodes 2 x launcher.nproc_per_node 2" in str(err.value)
+    assert "world size is 4 = launcher.nnodes 2 x launcher.nproc_per_node 2" in str(err.value)
     with pytest.raises(ConfigError, match="launcher.time: '5 minutes' is not a Slurm time limit"):
         _execute([*SLURM, *TINY, "launcher.time='5 minutes'"], tmp_path / "run")
     assert not (tmp_path / "run").exists()
@@ -119,7 +119,7 @@ def test_nodes_times_ranks_must_match_the_parallel_degrees(tmp_path: Path):
 @needs_submitit
 def test_plan_of_a_sweep_shows_each_job_and_its_submission(tmp_path: Path):
     sweep = tmp_path / "sweep"
-    result = run_cli(["-m", "mode=plan", *SLURM, *TINY, "launcher.nodes=2", "launcher.nproc_per_node=2", "parallelism=fsdp",
+    result = run_cli(["-m", "mode=plan", *SLURM, *TINY, "launcher.nnodes=2", "launcher.nproc_per_node=2", "parallelism=fsdp",
                       "launcher.time=2:00:00", "+launcher.env.QWEN3_TRN_MARK=planned", "training.seed=1,2", f"hydra.sweep.dir={sweep}"],
                      timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -157,15 +157,15 @@ def test_unknown_partition_and_too_many_nodes(slurm_env: SlurmCluster, tmp_path:
         _execute(["launcher=slurm", "launcher.partition=gpu", *TINY], run_dir)
     assert err.value.key == "launcher.partition"
     assert "'gpu' is not a partition of this Slurm cluster" in str(err.value) and "`sinfo` lists: debug (default), cpu" in str(err.value)
-    with pytest.raises(ConfigError, match="launcher.nodes: 2 nodes were asked for, but partition cpu has 1"):
-        _execute([*SLURM, *TINY, "launcher.nodes=2"], run_dir)
+    with pytest.raises(ConfigError, match="launcher.nnodes: 2 nodes were asked for, but partition cpu has 1"):
+        _execute([*SLURM, *TINY, "launcher.nnodes=2"], run_dir)
     assert not run_dir.exists()
 
 
 @needs_submitit
 def test_two_job_multirun_on_slurm(slurm_cluster: SlurmCluster, tmp_path: Path):
     from qwen3_trn.launch.slurm import sbatch_script
-    from qwen3_trn.rank import load_run_config
+    from qwen3_trn.records import load_run_config
 
     sweep = tmp_path / "sweep"
     result = run_cli(["-m", *SLURM, "launcher.wait=true", *TINY, "training.steps=3", "+launcher.env.QWEN3_TRN_MARK=from-config",
@@ -197,7 +197,7 @@ def test_two_job_multirun_on_slurm(slurm_cluster: SlurmCluster, tmp_path: Path):
 
 @needs_submitit
 def test_failing_job_is_reported_failed(slurm_env: SlurmCluster, tmp_path: Path, capsys: pytest.CaptureFixture):
-    from qwen3_trn.launch.slurm import main as slurm_main
+    from qwen3_trn.status import main as status_main
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"body": f"line {i} " * 40}) + "\n" for i in range(20)))
@@ -212,7 +212,7 @@ def test_failing_job_is_reported_failed(slurm_env: SlurmCluster, tmp_path: Path,
     assert wait_for_state(summary["slurm"]["job_id"], "FAILED", timeout=30) == "FAILED"
     err = capsys.readouterr().err
     assert f"error: Slurm job {summary['slurm']['job_id']} ended FAILED: KeyError: 'text'" in err and summary["slurm"]["stderr"] in err
-    assert slurm_main(["status", str(run_dir)]) == 1
+    assert status_main([str(run_dir)]) == 1
     assert f"failed     job {summary['slurm']['job_id']}" in capsys.readouterr().out
 
 
@@ -225,7 +225,7 @@ def test_scancel_shows_cancelled_in_the_sweep_manifest(slurm_cluster: SlurmClust
                       f"hydra.sweep.dir={sweep}"], timeout=300, env=slurm_cluster.env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"2 jobs: 0 completed, 0 failed, 0 skipped(, \d (submitted|pending|running))+ ", result.stdout), result.stdout[-2000:]
-    assert "python -m qwen3_trn.launch.slurm status" in result.stdout
+    assert "python -m qwen3_trn.status" in result.stdout
     first, second = (read_summary(sweep / str(n))["slurm"]["job_id"] for n in (0, 1))
     slurm_cluster.wait_for_running(first, timeout=60)
     slurm_cluster.run("scancel", first)
@@ -263,7 +263,7 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_env: SlurmCluster, tmp_p
     # SlurmTrainJob.checkpoint and requeues the job
     submitit.SlurmJob(folder=run_dir / "slurm", job_id=job_id)._interrupt(timeout=False)
 
-    from qwen3_trn.launch.slurm import refresh_runs
+    from qwen3_trn.launch.slurm.state import refresh_runs
 
     final = _wait_until(lambda: next((s for s in refresh_runs([run_dir]) if s["status"] in ("completed", "failed", "cancelled")), None),
                         240, "the requeued job's end", poll=2)

@@ -23,14 +23,14 @@ def test_seed_reduced_moe_swaps_every_expert_module(tmp_path):
 
 def test_kernels_nki_without_nki_says_what_is_missing(tmp_path):
     with pytest.raises(ConfigError) as info:
-        execute(compose_config(["backend=nki_moe", "kernels=nki", "device=neuron", "mode=plan"], tmp_path / "run"))
+        execute(compose_config(["backend=nki_moe", "backend.kernels=nki", "device=neuron", "mode=plan"], tmp_path / "run"))
     assert info.value.key == "backend.kernels"
     assert "torch_neuronx" in str(info.value) or "torch-neuronx" in str(info.value)
 
 
 def test_kernels_nki_on_cpu_is_refused(tmp_path):
     with pytest.raises(ConfigError) as info:
-        execute(compose_config(["backend=nki_moe", "kernels=nki"], tmp_path / "run"))
+        execute(compose_config(["backend=nki_moe", "backend.kernels=nki"], tmp_path / "run"))
     assert info.value.key == "backend.kernels" and "neuron" in str(info.value)
 
 

@@ -10,7 +10,7 @@ from tests.conftest import run_cli
 
 
 def test_plan_for_trainium_prints_world_torchrun_and_trainer_config(run_dir):
-    result = run_cli(["mode=plan", "model=4B", "parallelism=trn2_48xlarge", "compile=neuron", "device=neuron"], run_dir, timeout=180)
+    result = run_cli(["mode=plan", "model=4B", "experiment=trn2_48xlarge", "compile=neuron", "device=neuron"], run_dir, timeout=180)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "world 64 = 1 node(s) x 64 rank(s)" in out and "dp_shard=64" in out
@@ -26,7 +26,7 @@ def test_plan_for_trainium_prints_world_torchrun_and_trainer_config(run_dir):
 
 @pytest.mark.slow
 def test_check_builds_rank0_of_64_on_fake_backend(run_dir):
-    result = run_cli(["mode=check", "model=4B", "model.n_layers=2", "parallelism=trn2_48xlarge", "device=neuron"], run_dir, timeout=300)
+    result = run_cli(["mode=check", "model=4B", "model.n_layers=2", "experiment=trn2_48xlarge", "device=neuron"], run_dir, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     check = json.loads(result.stdout.split("== Fake-backend check ==")[1].strip().splitlines()[0])
     assert check["world_size"] == 64

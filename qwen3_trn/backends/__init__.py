@@ -1,4 +1,5 @@
-"""Training modes selectable with ``backend=<name>``."""
+"""Training modes selectable with ``backend=<name>``: how a composed config becomes the model
+torchtitan trains (``native``, ``hf_v5``, ``nki_moe``), each a ``Backend`` in ``BACKENDS``."""
 
 from qwen3_trn.backends.base import Backend
 from qwen3_trn.backends.native import NATIVE

@@ -22,7 +22,7 @@ def _no_checks(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> N
     return None
 
 
-def _no_info(cfg: RunConfig, device: DeviceSpec) -> dict[str, Any]:
+def _no_info(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> dict[str, Any]:
     return {}
 
 
@@ -37,10 +37,13 @@ class Backend:
     # Mode-specific checks run before any worker starts; raise ConfigError.
     validate: Callable[[RunConfig, Qwen3Architecture, DeviceSpec], None] = _no_checks
     # Facts recorded in the run's summary and logged config (e.g. which kernel ran).
-    run_info: Callable[[RunConfig, DeviceSpec], dict[str, Any]] = _no_info
+    run_info: Callable[[RunConfig, Qwen3Architecture, DeviceSpec], dict[str, Any]] = _no_info
     # Per-process setup before the Trainer is built (registrations that do not pickle).
     prepare_process: Callable[[RunConfig, DeviceSpec], None] = field(default=lambda cfg, device: None)
     # Extra Trainer.Config fields this mode sets (e.g. hf_model for the HF backend).
     trainer_fields: Callable[[RunConfig], dict[str, Any]] = field(default=lambda cfg: {})
     # The architecture the config describes (hf_v5 reads it from model.hf_model when given).
     architecture: Callable[[RunConfig], Qwen3Architecture] = flavor_architecture
+    # Facts of the built model on the metrics rank (e.g. the kernel its local shards run),
+    # recorded in summary.json over the parent's predictions: (model parts, device type).
+    what_ran: Callable[[list[Any], str], dict[str, Any]] = field(default=lambda parts, device_type: {})

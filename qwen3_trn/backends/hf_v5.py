@@ -19,6 +19,10 @@ from qwen3_trn.backends.base import Backend, flavor_architecture
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.hf.checkpoint import check_hf_checkpoint
+from qwen3_trn.hf.model import parallelize_keeping_tied_embeddings
+from qwen3_trn.hf.state_dict import Qwen3HFStateDictAdapter
+from qwen3_trn.hf.trainer import Qwen3HFTrainer
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.hf_config import (
     hf_architecture_name,
@@ -146,9 +150,6 @@ def model_spec(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> M
     from torchtitan.experiments.transformers_modeling_backend.parallelize import parallelize_hf_transformers
     from torchtitan.experiments.transformers_modeling_backend.pipeline import pipeline_hf_transformers
 
-    from qwen3_trn.hf.model import parallelize_keeping_tied_embeddings
-    from qwen3_trn.hf.state_dict import Qwen3HFStateDictAdapter
-
     config = build_model_config(cfg, arch)
     parallelize = parallelize_keeping_tied_embeddings(parallelize_hf_transformers)
     if device.type == "cpu":
@@ -165,8 +166,6 @@ def model_spec(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> M
 
 
 def trainer_config_class():
-    from qwen3_trn.hf.trainer import Qwen3HFTrainer
-
     return Qwen3HFTrainer.Config
 
 
@@ -209,13 +208,10 @@ def validate(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> Non
             "parallelism.pp=1, or backend=native for tensor/pipeline parallelism of tied models.",
         )
     if cfg.checkpoint.initial_load_path and not cfg.checkpoint.resume_from:
-        from qwen3_trn.hf.checkpoint import check_hf_checkpoint
-
         check_hf_checkpoint(cfg.checkpoint.initial_load_path, hf_config_dict(arch, _base(cfg)), key="checkpoint.initial_load_path")
 
 
-def run_info(cfg: RunConfig, device: DeviceSpec) -> dict[str, Any]:
-    arch = architecture(cfg)
+def run_info(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> dict[str, Any]:
     return {
         "hf_model": cfg.model.hf_model or "(built from the model group)",
         "hf_architecture": hf_architecture_name(arch),

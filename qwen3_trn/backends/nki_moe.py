@@ -10,12 +10,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch.distributed.tensor import DTensor
 from torchtitan.protocols.model_spec import ModelSpec
 
 from qwen3_trn.backends.base import Backend
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.errors import ConfigError, NotApplicable
+from qwen3_trn.kernels import (
+    KernelExpertsConverter,
+    KernelGroupedExperts,
+    KernelUnavailableError,
+    TokenGroupAlignmentError,
+    check_token_group_alignment,
+    resolved_kernel_name,
+)
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.attention import inner_attention_config, resolve_attention
 from qwen3_trn.models.qwen3 import native_model_spec
@@ -25,8 +34,6 @@ NEURON_TOKEN_GROUP_ALIGNMENT = 128
 
 
 def _kernel_name(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> str:
-    from qwen3_trn.kernels import KernelUnavailableError, resolved_kernel_name
-
     try:
         return resolved_kernel_name(
             cfg.backend.kernels, device.type, dim=arch.dim, hidden_dim=arch.moe_hidden_dim, num_experts=arch.num_experts
@@ -38,8 +45,6 @@ def _kernel_name(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) ->
 
 
 def _model_spec(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> ModelSpec:
-    from qwen3_trn.kernels import KernelExpertsConverter
-
     attention = resolve_attention(cfg.model.attention, device.default_attention)
     converter = KernelExpertsConverter.Config(kernel=cfg.backend.kernels)
     return native_model_spec(cfg.model.flavor, arch, inner_attention_config(attention), converters=[converter])
@@ -54,8 +59,6 @@ def _validate(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> No
         )
     _kernel_name(cfg, arch, device)
     if device.type == "neuron":
-        from qwen3_trn.kernels import TokenGroupAlignmentError, check_token_group_alignment
-
         try:
             check_token_group_alignment(
                 tokens_per_step=cfg.training.local_batch_size * cfg.training.seq_len,
@@ -68,10 +71,20 @@ def _validate(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> No
             raise ConfigError("training.seq_len", str(exc)) from exc
 
 
-def _run_info(cfg: RunConfig, device: DeviceSpec) -> dict[str, Any]:
-    from qwen3_trn.convert import architecture
+def _run_info(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> dict[str, Any]:
+    return {"kernel": _kernel_name(cfg, arch, device), "kernels_requested": cfg.backend.kernels}
 
-    return {"kernel": _kernel_name(cfg, architecture(cfg), device), "kernels_requested": cfg.backend.kernels}
+
+def _what_ran(parts: list[Any], device_type: str) -> dict[str, Any]:
+    """The kernel each expert module's forward selects for its local (EP/TP-sharded) weights."""
+    kernels = set()
+    for part in parts:
+        for module in part.modules():
+            if isinstance(module, KernelGroupedExperts):
+                weight = module.w1_EFD.to_local() if isinstance(module.w1_EFD, DTensor) else module.w1_EFD
+                experts, hidden_dim, dim = weight.shape
+                kernels.add(resolved_kernel_name(module.kernel, device_type, dim=dim, hidden_dim=hidden_dim, num_experts=experts))
+    return {"kernel": ",".join(sorted(kernels))} if kernels else {}
 
 
 NKI_MOE = Backend(
@@ -80,4 +93,5 @@ NKI_MOE = Backend(
     model_spec=_model_spec,
     validate=_validate,
     run_info=_run_info,
+    what_ran=_what_ran,
 )

@@ -1,16 +1,113 @@
 """Typed schema of every config group.
 
-Each group is a dataclass registered in Hydra's ConfigStore (see ``store.py``), so unknown
-keys, wrong types and misspelled group options fail at composition time with Hydra's own
-messages. The YAML files under ``conf/`` only choose values inside these shapes.
+Each group is a dataclass registered in Hydra's ConfigStore (see ``store.py``); a group whose
+options have different keys (``backend``, ``launcher``) has one dataclass per option, so a key
+that does not belong to the chosen option is refused at composition. Choices are Enums. The
+YAML files under ``conf/`` only choose values inside these shapes and never restate a default.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Optional
 
 from omegaconf import MISSING
+
+
+class Choice(str, Enum):
+    """A config choice: compares equal to, prints as and serialises as its value."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Mode(Choice):
+    train = "train"
+    plan = "plan"
+    check = "check"
+
+
+class DeviceType(Choice):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+    neuron = "neuron"
+
+
+class Attention(Choice):
+    auto = "auto"
+    sdpa = "sdpa"
+    flex = "flex"
+    flex_flash = "flex_flash"
+    varlen = "varlen"
+
+
+class DType(Choice):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+class ParamDType(Choice):
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+class ActivationCheckpoint(Choice):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+class CompileBackend(Choice):
+    off = "off"
+    inductor = "inductor"
+    aot_eager = "aot_eager"
+    neuron = "neuron"
+
+
+class CompileComponent(Choice):
+    model = "model"
+    loss = "loss"
+    grad_clip = "grad_clip"
+
+
+class ReshardAfterForward(Choice):
+    default = "default"
+    always = "always"
+    never = "never"
+
+
+class OptimizerName(Choice):
+    AdamW = "AdamW"
+    Adam = "Adam"
+
+
+class DecayType(Choice):
+    linear = "linear"
+    sqrt = "sqrt"
+    cosine = "cosine"
+
+
+class LoggerBackend(Choice):
+    wandb = "wandb"
+    tensorboard = "tensorboard"
+
+
+class WandbMode(Choice):
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+class RendezvousBackend(Choice):
+    c10d = "c10d"
+    static = "static"
+    etcd = "etcd"
 
 
 @dataclass
@@ -18,10 +115,31 @@ class BackendConfig:
     """Which training mode builds the model (a key of ``qwen3_trn.backends.BACKENDS``)."""
 
     name: str = "native"
-    # Expert-kernel implementation for backend=nki_moe: auto | nki | portable | <impl name>.
-    kernels: str = "auto"
-    # Hugging Face experts implementation for backend=hf_v5 (None keeps Transformers' default).
+
+
+@dataclass
+class NativeBackendConfig(BackendConfig):
+    """torchtitan's own Qwen3."""
+
+    name: str = "native"
+
+
+@dataclass
+class HfV5BackendConfig(BackendConfig):
+    """Qwen3 built by Transformers v5 in torchtitan's transformers modeling backend."""
+
+    name: str = "hf_v5"
+    # Hugging Face experts implementation of an MoE (None keeps torchtitan's default).
     hf_experts_implementation: Optional[str] = None
+
+
+@dataclass
+class NkiMoeBackendConfig(BackendConfig):
+    """Qwen3 MoE whose experts run project-registered kernels."""
+
+    name: str = "nki_moe"
+    # auto (NKI where present, else the device's portable kernel) | nki | portable | <kernel name>
+    kernels: str = "auto"
 
 
 @dataclass
@@ -41,8 +159,8 @@ class ModelConfig:
     num_experts: Optional[int] = None
     top_k: Optional[int] = None
     moe_hidden_dim: Optional[int] = None
-    # auto (sdpa on CPU and Neuron, flex on CUDA) | flex | flex_flash | varlen | sdpa
-    attention: str = "auto"
+    # auto: sdpa on CPU and Neuron, flex on CUDA
+    attention: Attention = Attention.auto
     # Tokenizer / HF assets directory; None uses the tokenizer the project ships.
     hf_assets_path: Optional[str] = None
     # Hub id or local directory holding config.json (backend=hf_v5).
@@ -61,15 +179,15 @@ class ParallelismConfig:
     ep: int = 1
     pp_schedule: str = "1F1B"
     pp_microbatch_size: int = 1
-    fsdp_reshard_after_forward: str = "default"
+    fsdp_reshard_after_forward: ReshardAfterForward = ReshardAfterForward.default
 
 
 @dataclass
 class CompileConfig:
     """torch.compile: backend ``off`` disables it."""
 
-    backend: str = "off"
-    components: list[str] = field(default_factory=lambda: ["model", "loss"])
+    backend: CompileBackend = CompileBackend.off
+    components: list[CompileComponent] = field(default_factory=lambda: [CompileComponent.model, CompileComponent.loss])
 
 
 @dataclass
@@ -92,19 +210,19 @@ class TrainingConfig:
     local_batch_size: int = 2
     global_batch_size: int = -1
     seq_len: int = 256
-    dtype: str = "float32"
+    dtype: DType = DType.float32
     # auto: bf16 where the device computes it natively (GPU, Trainium, AMX CPUs), else fp32.
-    mixed_precision_param: str = "auto"
+    mixed_precision_param: ParamDType = ParamDType.auto
     max_norm: float = 1.0
     seed: int = 42
     deterministic: bool = False
     gc_freq: int = 50
-    activation_checkpoint: str = "none"
+    activation_checkpoint: ActivationCheckpoint = ActivationCheckpoint.none
 
 
 @dataclass
 class OptimizerConfig:
-    name: str = "AdamW"
+    name: OptimizerName = OptimizerName.AdamW
     lr: float = 3.0e-3
     weight_decay: float = 0.1
     beta1: float = 0.9
@@ -112,7 +230,7 @@ class OptimizerConfig:
     eps: float = 1.0e-8
     warmup_steps: int = 4
     decay_ratio: Optional[float] = None
-    decay_type: str = "linear"
+    decay_type: DecayType = DecayType.linear
     min_lr_factor: float = 0.0
 
 
@@ -129,7 +247,7 @@ class CheckpointConfig:
     initial_load_path: Optional[str] = None
     initial_load_in_hf: bool = False
     last_save_in_hf: bool = False
-    export_dtype: str = "float32"
+    export_dtype: DType = DType.float32
 
 
 @dataclass
@@ -140,7 +258,7 @@ class WandbConfig:
     entity: Optional[str] = None
     # offline: no key or network, a run-<id>.wandb file in <run dir>/wandb (upload later with
     # `wandb sync`); online: needs WANDB_API_KEY or `wandb login`; disabled: no wandb at all.
-    mode: str = "offline"
+    mode: WandbMode = WandbMode.offline
     # None: the sweep's group in a multirun (shared by all its jobs), no group for a single run.
     group: Optional[str] = None
     # None: the training mode (backend name).
@@ -156,7 +274,7 @@ class WandbConfig:
 @dataclass
 class LoggerConfig:
     # Any of: wandb, tensorboard. Empty logs only to metrics.jsonl and the console.
-    backends: list[str] = field(default_factory=list)
+    backends: list[LoggerBackend] = field(default_factory=list)
     log_freq: int = 1
     all_ranks_to_console: bool = False
     wandb: WandbConfig = field(default_factory=WandbConfig)
@@ -164,24 +282,39 @@ class LoggerConfig:
 
 @dataclass
 class LauncherConfig:
-    """How ranks are started (a key of ``qwen3_trn.launch.LAUNCHERS``)."""
+    """How ranks are started (a key of ``qwen3_trn.launch.LAUNCHERS``); every launcher starts a
+    node's ranks with PyTorch's elastic launcher (torchrun's engine)."""
 
     name: str = "local"
     nnodes: int = 1
+    # -1: one rank per device present (or per packed device, launcher.devices_per_job).
     nproc_per_node: int = 1
-    node_rank: int = 0
-    rdzv_backend: str = "c10d"
-    # host:port of the rendezvous; None picks localhost with a free port (single node).
+    # host:port of the c10d rendezvous; None: a free local port (one node), or the job's first
+    # node (Slurm).
     rdzv_endpoint: Optional[str] = None
     rdzv_id: Optional[str] = None
     max_restarts: int = 0
+    # Environment of every rank (e.g. NEURON_LOGICAL_NC_CONFIG); secret-looking values are
+    # passed on but never written to a file.
     env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class LocalLauncherConfig(LauncherConfig):
+    """Ranks on this machine."""
+
+    name: str = "local"
+    rdzv_backend: RendezvousBackend = RendezvousBackend.c10d
     # Device packing for concurrent jobs on one machine: each job claims this many devices
     # (GPUs, NeuronCores or CPU cores) exclusively and waits while too few are free. 0: off.
     devices_per_job: int = 0
-    # --- launcher=slurm (qwen3_trn.launch.slurm; conf/launcher/slurm.yaml) ---
-    # Number of nodes, the user-facing name of nnodes: when set it sets nnodes (wins over a preset's).
-    nodes: Optional[int] = None
+
+
+@dataclass
+class SlurmLauncherConfig(LauncherConfig):
+    """One Slurm job per run, submitted through submitit (``qwen3_trn.launch.slurm``)."""
+
+    name: str = "slurm"
     # Slurm partition (None: the cluster's default); checked against `sinfo` before submitting.
     partition: Optional[str] = None
     # Time limit in Slurm's format: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS.
@@ -209,14 +342,15 @@ class LauncherConfig:
 
 @dataclass
 class DeviceConfig:
-    type: str = "auto"
+    # auto: neuron if torch-neuronx imports, else cuda, else cpu.
+    type: DeviceType = DeviceType.auto
 
 
 @dataclass
 class RunConfig:
     """The whole composed configuration of one job."""
 
-    backend: BackendConfig = field(default_factory=BackendConfig)
+    backend: BackendConfig = field(default_factory=NativeBackendConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
@@ -225,12 +359,20 @@ class RunConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    launcher: LauncherConfig = field(default_factory=LocalLauncherConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     # Escape hatch: any torchtitan Trainer.Config field by its dotted path,
     # e.g. ``+titan.comm.init_timeout_seconds=600``. Checked against the real dataclass.
     titan: dict[str, Any] = field(default_factory=dict)
-    # plan: print what would run (config, world layout, torchrun line, Trainer.Config); train: run it.
-    mode: str = "train"
+    # train: run it; plan: print what would run (config, world layout, torchrun line,
+    # Trainer.Config); check: plan, and build rank 0 on torchtitan's fake backend.
+    mode: Mode = Mode.train
     run_name: Optional[str] = None
     output_dir: str = MISSING
+
+
+# Groups whose options have a schema each, by the key that names the option.
+OPTION_SCHEMAS: dict[str, tuple[str, dict[str, type]]] = {
+    "backend": ("name", {c().name: c for c in (NativeBackendConfig, HfV5BackendConfig, NkiMoeBackendConfig)}),
+    "launcher": ("name", {c().name: c for c in (LocalLauncherConfig, SlurmLauncherConfig)}),
+}

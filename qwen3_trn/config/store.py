@@ -1,15 +1,34 @@
 """Registers the typed schema in Hydra's ConfigStore.
 
 ``conf/config.yaml`` lists ``run_schema`` first in its defaults, so every group's YAML is
-merged onto the typed ``RunConfig`` and validated as it is composed.
+merged onto the typed ``RunConfig``. A group with a schema per option (``OPTION_SCHEMAS``)
+stores each under ``schema/<group>/<option>``; the option's YAML names it in its defaults
+(``/schema/backend@_here_: native``), so its keys are checked against that option's dataclass.
 """
 
-from hydra.core.config_store import ConfigStore
+import typing
 
-from qwen3_trn.config.schema import RunConfig
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from qwen3_trn.config.schema import OPTION_SCHEMAS, RunConfig
 
 SCHEMA_NAME = "run_schema"
 
 
+def run_schema() -> DictConfig:
+    """``RunConfig`` with each per-option group typed by its base class, so that composing any
+    option's schema (a subclass) onto it is allowed."""
+    node = OmegaConf.structured(RunConfig)
+    hints = typing.get_type_hints(RunConfig)
+    for group in OPTION_SCHEMAS:
+        node[group] = OmegaConf.structured(hints[group])
+    return node
+
+
 def register_schema() -> None:
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=RunConfig)
+    store = ConfigStore.instance()
+    store.store(name=SCHEMA_NAME, node=run_schema())
+    for group, (_, options) in OPTION_SCHEMAS.items():
+        for option, schema in options.items():
+            store.store(group=f"schema/{group}", name=option, node=schema)

@@ -20,6 +20,7 @@ from torchtitan.hf_datasets import DatasetConfig
 from torchtitan.hf_datasets.text_datasets import DATASETS
 
 from qwen3_trn.config.schema import DataConfig
+from qwen3_trn.data.embedded import corpus_path, ensure_assets
 from qwen3_trn.errors import ConfigError
 
 # File suffix -> the `datasets` builder that reads it.
@@ -91,8 +92,6 @@ def _files(data: DataConfig) -> ResolvedDataset:
 
 
 def _embedded(data: DataConfig) -> ResolvedDataset:
-    from qwen3_trn.data.embedded import corpus_path, ensure_assets
-
     corpus = str(corpus_path(ensure_assets()))
     return _register(data, corpus, lambda path: _load_files([path], "json", "train"), "text")
 

@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from qwen3_trn.devices import cpu
 from qwen3_trn.devices.base import DeviceSpec
 from qwen3_trn.errors import ConfigError
 
@@ -24,8 +25,6 @@ class DeviceAbsent(Exception):
 
 
 def _probe_cpu() -> DeviceSpec:
-    from qwen3_trn.devices import cpu
-
     return DeviceSpec(
         type="cpu",
         count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,

@@ -18,6 +18,8 @@ from types import SimpleNamespace
 import torch
 from torchtitan.protocols.model_spec import ModelSpec
 
+from qwen3_trn.records import cache_dir
+
 _PROC_STATUS = Path("/proc/self/status")
 _PROC_CLEAR_REFS = Path("/proc/self/clear_refs")
 
@@ -112,10 +114,6 @@ _MODULES_HOLDING_DEVICE_NAMES = (
 )
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("QWEN3_TRN_CACHE", Path.home() / ".cache" / "qwen3_trn"))
-
-
 @functools.cache
 def measured_peak_flops(dtype_name: str) -> float:
     """Dense matmul FLOP/s this CPU reaches in ``dtype_name`` (measured once, cached on disk).
@@ -124,7 +122,7 @@ def measured_peak_flops(dtype_name: str) -> float:
     its MFU meaningless here; this is the honest denominator instead.
     """
     key = f"{platform.processor() or platform.machine()}|{torch.__version__}|{torch.get_num_threads()}|{dtype_name}"
-    cache = _cache_dir() / "cpu_peak_flops.json"
+    cache = cache_dir() / "cpu_peak_flops.json"
     try:
         known = json.loads(cache.read_text())
     except (OSError, ValueError):

@@ -1,1 +1,3 @@
-"""Hugging Face checkpoints for backend=hf_v5: state-dict adapter, trainer, checks, round trip."""
+"""Hugging Face side of the project: the transformers-backend trainer and its fixes
+(``trainer``, ``model``), HF state-dict names (``state_dict``), safetensors checkpoints in and
+out (``checkpoint``) and random HF checkpoints for tests (``testing``)."""

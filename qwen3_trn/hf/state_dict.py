@@ -22,6 +22,10 @@ from typing import Any
 
 from torchtitan.experiments.transformers_modeling_backend.state_dict_adapter import HFTransformerStateDictAdapter
 
+from qwen3_trn.models.hf_config import architecture_from_hf
+from qwen3_trn.models.qwen3 import build_model_config
+
+
 # HF-backend (after the "model." prefix is stripped) <-> native torchtitan Qwen3 MoE names.
 _BACKEND_MOE = re.compile(r"^model\.layers\.(\d+)\.mlp\.(router\.gate\.weight|routed_experts\.inner_experts\.w[123]\w*)$")
 _NATIVE_MOE = re.compile(r"^layers\.(\d+)\.moe\.(router\.gate\.weight|routed_experts\.inner_experts\.w[123]\w*)$")
@@ -42,9 +46,6 @@ def native_moe_adapter(model_config: Any, hf_assets_path: str | None):
     """torchtitan's native Qwen3 adapter for the same MoE architecture (used for expert tensors)."""
     from torchtitan.models.common.attention import ScaledDotProductAttention
     from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
-
-    from qwen3_trn.models.hf_config import architecture_from_hf
-    from qwen3_trn.models.qwen3 import build_model_config
 
     arch = architecture_from_hf(_hf_config_values(model_config), "the model config")
     native = build_model_config("debugmodel_moe", arch, ScaledDotProductAttention.Config())

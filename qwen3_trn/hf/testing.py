@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from qwen3_trn.data.embedded import tokenizer_dir
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.hf_config import hf_config_dict
 
@@ -65,8 +66,6 @@ def make_random_hf_checkpoint(
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(out, **kwargs)
     if with_tokenizer:
-        from qwen3_trn.data.embedded import tokenizer_dir
-
         for source in Path(tokenizer_dir()).iterdir():
             if source.is_file():
                 shutil.copyfile(source, out / source.name)

@@ -1,16 +1,18 @@
-"""How ranks are started: ``launcher.name`` picks one of ``LAUNCHERS``."""
+"""How ranks are started: ``launcher.name`` picks one of ``LAUNCHERS`` (``base.Launcher``).
 
-from qwen3_trn.launch.local import launch_local
+The launcher layer sits above preflight and the worker: a launcher starts the worker's
+ranks of a prepared run, on this machine (``local``) or on a cluster (``slurm``)."""
+
+from qwen3_trn.config.schema import LauncherConfig
+from qwen3_trn.launch.base import LaunchDescription, Launcher
+from qwen3_trn.launch.local import LocalLauncher
+from qwen3_trn.launch.slurm import SlurmLauncher
+
+LAUNCHERS: dict[str, type[Launcher]] = {launcher.name: launcher for launcher in (LocalLauncher, SlurmLauncher)}
 
 
-def launch_slurm(job):
-    """``launcher=slurm``: ``qwen3_trn.launch.slurm`` (imported here, so that
-    ``python -m qwen3_trn.launch.slurm`` runs it as a fresh module; submitit only when submitting)."""
-    from qwen3_trn.launch.slurm import launch_slurm as launch
-
-    return launch(job)
+def build_launcher(config: LauncherConfig) -> Launcher:
+    return LAUNCHERS[config.name](config)
 
 
-LAUNCHERS = {"local": launch_local, "slurm": launch_slurm}
-
-__all__ = ["LAUNCHERS"]
+__all__ = ["LAUNCHERS", "LaunchDescription", "Launcher", "build_launcher"]

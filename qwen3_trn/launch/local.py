@@ -1,4 +1,5 @@
-"""Ranks on this machine: in-process for one rank, PyTorch's elastic launcher otherwise.
+"""``launcher=local``: ranks on this machine, in-process for one rank, PyTorch's elastic
+launcher otherwise.
 
 The elastic launcher is torchrun's engine: the same c10d rendezvous, restarts and per-rank
 log redirection, started from the already composed config instead of a command line.
@@ -6,27 +7,36 @@ log redirection, started from the already composed config instead of a command l
 
 from __future__ import annotations
 
-import json
 import os
+import shlex
 import socket
 import time
 import uuid
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
+from torchtitan.trainer import Trainer
+
+from qwen3_trn.config.schema import LauncherConfig, LocalLauncherConfig, RendezvousBackend
+from qwen3_trn.devices import resolve_device
+from qwen3_trn.launch.base import LaunchDescription, Launcher
 from qwen3_trn.launch.packing import SLICE_BINDERS, DeviceSlots, default_lock_dir
+from qwen3_trn.layout import Layout
+from qwen3_trn.preflight import Prepared
+from qwen3_trn.records import CONFIG_FILE, DEVICE_SLICE_FILE, LOGS_DIR, RunStatus, write_json_atomic
 from qwen3_trn.worker import WorkerJob, run_worker
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
 @contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
+def environment(values: dict[str, str]) -> Iterator[None]:
     saved = {key: os.environ.get(key) for key in values}
     os.environ.update(values)
     try:
@@ -39,57 +49,73 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def rendezvous_endpoint(job: WorkerJob) -> str:
-    launcher = job.cfg.launcher
-    if launcher.rdzv_endpoint:
-        return launcher.rdzv_endpoint
-    # A free port of our own, so that concurrent jobs on one machine never share a store.
-    return f"127.0.0.1:{_free_port()}"
+def torchrun_command(launcher: LauncherConfig, layout: Layout, config_path: Path, rdzv_backend: str = "c10d") -> str:
+    """The torchrun line that starts the same ranks (the seed article's launch pattern)."""
+    endpoint = launcher.rdzv_endpoint or ("localhost:0" if layout.nnodes == 1 else "<head-node>:29500")
+    parts = [
+        "torchrun",
+        f"--nnodes={layout.nnodes}",
+        f"--nproc_per_node={layout.nproc_per_node}",
+        f"--rdzv_backend={rdzv_backend}",
+        f"--rdzv_endpoint={endpoint}",
+        *([f"--rdzv_id={launcher.rdzv_id}"] if launcher.rdzv_id else []),
+        "--local-ranks-filter=0",
+        "--role=rank",
+        "--tee=3",
+        "-m",
+        "qwen3_trn.rank",
+        str(config_path),
+    ]
+    env = " ".join(f"{key}={shlex.quote(str(value))}" for key, value in launcher.env.items())
+    return (env + " " if env else "") + " ".join(parts)
 
 
 @contextmanager
-def device_slice(job: WorkerJob) -> Iterator[dict[str, str]]:
-    """Claim ``launcher.devices_per_job`` devices for this job (waiting while too few are free)
-    and yield the environment that confines the job to them; records the slice in the run dir."""
-    from qwen3_trn.devices import resolve_device
-
-    count = job.cfg.launcher.devices_per_job
+def device_slice(job: WorkerJob, count: int) -> Iterator[dict[str, str]]:
+    """Claim ``count`` devices for this job (waiting while too few are free) and yield the
+    environment that confines the job to them; records the slice in the run dir."""
     device = resolve_device(job.device_type)
     slots = DeviceSlots(default_lock_dir(device.type), device.count)
     with slots.claim(count) as claimed:
-        record = Path(job.cfg.output_dir) / "device_slice.json"
         started = time.time()
         env = SLICE_BINDERS[device.type](claimed)
         try:
             yield env
         finally:
-            record.write_text(json.dumps({"device": device.type, "slots": claimed, "started": started, "finished": time.time()}) + "\n")
+            write_json_atomic(
+                Path(job.cfg.output_dir) / DEVICE_SLICE_FILE,
+                {"device": device.type, "slots": claimed, "started": started, "finished": time.time()},
+            )
 
 
-def launch_local(job: WorkerJob) -> None:
-    packing = device_slice(job) if job.cfg.launcher.devices_per_job > 0 else nullcontext({})
-    with packing as slice_env:
-        _launch(job, slice_env)
-
-
-def _launch(job: WorkerJob, slice_env: dict[str, str]) -> None:
+def start_node_ranks(
+    job: WorkerJob, trainer_config: Trainer.Config | None = None, rdzv_backend: str = RendezvousBackend.c10d, devices_per_job: int = 0
+) -> None:
+    """This node's ranks of the job: in this process for a one-rank world (reusing the
+    ``Trainer.Config`` preflight built here, if given), else PyTorch's elastic launcher."""
     launcher = job.cfg.launcher
-    env = {**slice_env, **{key: str(value) for key, value in launcher.env.items()}}
-    if job.layout.world_size == 1:
-        single_rank = {
-            "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-            "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-        }
-        with _environment({**env, **single_rank}):
-            run_worker(job)
-        return
+    packing = device_slice(job, devices_per_job) if devices_per_job > 0 else nullcontext({})
+    with packing as slice_env:
+        env = {**slice_env, **{key: str(value) for key, value in launcher.env.items()}}
+        if job.layout.world_size == 1:
+            single_rank = {
+                "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+            }
+            with environment({**env, **single_rank}):
+                run_worker(job, trainer_config)
+            return
+        _elastic_launch(job, env, str(rdzv_backend))
 
+
+def _elastic_launch(job: WorkerJob, env: dict[str, str], rdzv_backend: str) -> None:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-    from torch.distributed.launcher.api import elastic_launch, LaunchConfig
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    launcher = job.cfg.launcher
     console_ranks = None if job.cfg.logger.all_ranks_to_console else {0}
     logs = DefaultLogsSpecs(
-        log_dir=str(Path(job.cfg.output_dir) / "logs" / "elastic"),
+        log_dir=str(Path(job.cfg.output_dir) / LOGS_DIR / "elastic"),
         redirects=Std.ALL,
         tee=Std.ALL,
         local_ranks_filter=console_ranks,
@@ -100,12 +126,36 @@ def _launch(job: WorkerJob, slice_env: dict[str, str]) -> None:
         nproc_per_node=job.layout.nproc_per_node,
         role="rank",
         run_id=launcher.rdzv_id or f"qwen3_trn-{uuid.uuid4().hex[:12]}",
-        rdzv_backend=launcher.rdzv_backend,
-        rdzv_endpoint=rendezvous_endpoint(job),
+        rdzv_backend=rdzv_backend,
+        # A free port of our own, so that concurrent jobs on one machine never share a store.
+        rdzv_endpoint=launcher.rdzv_endpoint or f"127.0.0.1:{free_port()}",
         max_restarts=launcher.max_restarts,
         monitor_interval=0.5,
         start_method="spawn",
         logs_specs=logs,
     )
-    with _environment(env):
+    with environment(env):
         elastic_launch(config, run_worker)(job)
+
+
+class LocalLauncher(Launcher):
+    name = "local"
+    config: LocalLauncherConfig
+
+    def describe(self, prepared: Prepared, run_dir: Path) -> LaunchDescription:
+        command = torchrun_command(self.config, prepared.layout, run_dir / CONFIG_FILE, str(self.config.rdzv_backend))
+        return LaunchDescription(where=f"this machine (launcher={self.name})", torchrun=command, submission=command)
+
+    def launch(self, prepared: Prepared, trainer_config: Trainer.Config | None = None, *, detach: bool = False) -> RunStatus:
+        job = WorkerJob(cfg=prepared.cfg, device_type=prepared.device.type, layout=prepared.layout)
+        start_node_ranks(job, trainer_config, self.config.rdzv_backend, self.config.devices_per_job)
+        return RunStatus.completed
+
+
+def with_rendezvous(job: WorkerJob, endpoint: str | None, run_id: str) -> WorkerJob:
+    """The job with its launcher's rendezvous set (the Slurm job's first node and id)."""
+    launcher = replace(job.cfg.launcher, rdzv_endpoint=job.cfg.launcher.rdzv_endpoint or endpoint, rdzv_id=job.cfg.launcher.rdzv_id or run_id)
+    return replace(job, cfg=replace(job.cfg, launcher=launcher))
+
+
+__all__ = ["LocalLauncher", "free_port", "start_node_ranks", "torchrun_command", "with_rendezvous"]

@@ -29,6 +29,7 @@ from typing import Any
 from qwen3_trn.config.schema import ModelConfig
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.models.architecture import Qwen3Architecture
+from qwen3_trn.records import cache_dir
 
 DENSE_ARCHITECTURE = "Qwen3ForCausalLM"
 MOE_ARCHITECTURE = "Qwen3MoeForCausalLM"
@@ -240,8 +241,6 @@ def hf_model_architecture(model: ModelConfig) -> Qwen3Architecture:
 
 
 def _cache_root() -> Path:
-    from qwen3_trn.data.embedded import cache_dir
-
     return cache_dir() / "hf_configs"
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qwen3_trn.run_summary import summarize
+from qwen3_trn.records import summarize
 from qwen3_trn.report.wandb_offline import OfflineRun, find_run_files, read_offline_run
 
 SOURCES = ("auto", "metrics", "wandb")

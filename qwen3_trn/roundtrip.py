@@ -1,6 +1,6 @@
 """HF checkpoint -> torchtitan transformers-backend model -> HF checkpoint, verified.
 
-``python -m qwen3_trn.hf.roundtrip <hf dir> [--out DIR] [--atol 1e-4]``
+``python -m qwen3_trn.roundtrip <hf dir> [--out DIR] [--atol 1e-4]``
 
 1. builds the backend=hf_v5 trainer for ``<hf dir>``'s own config (model.hf_model=<hf dir>, no
    size overrides) and loads the weights exactly as a fine-tuning run does
@@ -34,7 +34,13 @@ from typing import Any
 
 import torch
 
+from qwen3_trn.config.schema import DeviceType, HfV5BackendConfig, ParamDType, RunConfig
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.hf.checkpoint import checkpoint_dtype, read_config, safetensors_files
+from qwen3_trn.hf.trainer import write_hf_export_files
+from qwen3_trn.models.hf_config import architecture_from_hf
+from qwen3_trn.preflight import prepare
+from qwen3_trn.worker import build_trainer
 
 LM_HEAD = "lm_head.weight"
 
@@ -93,14 +99,9 @@ def _free_port() -> int:
 
 
 def _run_config(source: Path, run_dir: Path, seq_len: int):
-    from qwen3_trn.config.schema import RunConfig
-    from qwen3_trn.hf.checkpoint import read_config
-    from qwen3_trn.models.hf_config import architecture_from_hf
-
     arch = architecture_from_hf(read_config(source), str(source))
-    cfg = RunConfig(output_dir=str(run_dir))
-    cfg.backend.name = "hf_v5"
-    cfg.device.type = "cpu"
+    cfg = RunConfig(output_dir=str(run_dir), backend=HfV5BackendConfig())
+    cfg.device.type = DeviceType.cpu
     # hf_model carries the architecture; the flavor only has to be of the same kind (no overrides).
     cfg.model.flavor = "debugmodel_moe" if arch.is_moe else "debugmodel"
     cfg.model.hf_model = str(source)
@@ -109,25 +110,16 @@ def _run_config(source: Path, run_dir: Path, seq_len: int):
     cfg.training.seq_len = min(seq_len, arch.max_seq_len)
     cfg.training.local_batch_size = 1
     cfg.training.steps = 1
-    cfg.training.mixed_precision_param = "float32"
+    cfg.training.mixed_precision_param = ParamDType.float32
     cfg.logger.backends = []
     return cfg, arch
 
 
 def _load_into_titan(cfg) -> Any:
     """The backend=hf_v5 trainer for ``cfg`` with the initial checkpoint loaded (no training)."""
-    from qwen3_trn.backends import get_backend
-    from qwen3_trn.convert import compute_dtype, to_trainer_config
-    from qwen3_trn.preflight import prepare
-
     prepared = prepare(cfg)  # every preflight check, including the checkpoint shape check
-    device = prepared.device
-    device.activate(compute_dtype(cfg, device))
-    get_backend(cfg.backend.name).prepare_process(cfg, device)
-    trainer_config = to_trainer_config(cfg, device, prepared.layout)
-    if hasattr(trainer_config.metrics, "console_progress"):
-        trainer_config.metrics.console_progress = False
-    trainer = trainer_config.build()
+    prepared.trainer_config.metrics.console_progress = False
+    trainer = build_trainer(cfg, prepared.device, prepared.layout, prepared.trainer_config)
     if not trainer.checkpointer.load(step=-1):
         raise RuntimeError(f"torchtitan loaded no checkpoint from {cfg.checkpoint.initial_load_path}")
     return trainer
@@ -221,9 +213,6 @@ def roundtrip(
 ) -> RoundTripReport:
     """Run the round trip; ``out`` defaults to ``<source>-roundtrip``. Raises ConfigError for a
     source that is not a usable HF Qwen3 directory."""
-    from qwen3_trn.hf.checkpoint import checkpoint_dtype, read_config, safetensors_files
-    from qwen3_trn.hf.trainer import write_hf_export_files
-
     src = Path(source).expanduser().resolve()
     if not (src / "config.json").is_file():
         raise ConfigError("source", f"'{source}' has no config.json; pass a Hugging Face model directory.")
@@ -318,7 +307,7 @@ def roundtrip(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m qwen3_trn.hf.roundtrip", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m qwen3_trn.roundtrip", description=__doc__.splitlines()[0])
     parser.add_argument("source", help="Hugging Face model directory (config.json + *.safetensors)")
     parser.add_argument("--out", default=None, help="new directory for the re-saved copy (default: <source>-roundtrip)")
     parser.add_argument("--atol", type=float, default=1e-4, help="max absolute logit difference accepted")

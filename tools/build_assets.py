@@ -1,7 +1,7 @@
 """Build the offline training assets shipped with ``qwen3_trn``.
 
-Run ``python -m qwen3_trn.data.build_assets`` to (re)build, into
-``qwen3_trn/data/assets/`` by default:
+Run ``python tools/build_assets.py`` from a checkout to (re)build, into
+``qwen3_trn/data/assets/`` by default (a development tool: the package ships the files):
 
 * ``corpus.jsonl.gz`` / ``corpus_val.jsonl.gz`` -- English text, one
   ``{"text": ...}`` document per line (~98% / ~2% of the documents).
@@ -50,10 +50,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
 
-DEFAULT_ASSETS_DIR = Path(__file__).resolve().parent / "assets"
-CORPUS_FILE = "corpus.jsonl.gz"
-VAL_CORPUS_FILE = "corpus_val.jsonl.gz"
-TOKENIZER_SUBDIR = "tokenizer"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's package, run as a script
+
+from qwen3_trn.data.embedded import CORPUS_FILE, PACKAGED_ASSETS_DIR, TOKENIZER_SUBDIR, VAL_CORPUS_FILE  # noqa: E402
+
+DEFAULT_ASSETS_DIR = PACKAGED_ASSETS_DIR
 
 VOCAB_SIZE = 2048
 MIN_DOC_CHARS = 200

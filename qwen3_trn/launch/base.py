@@ -1,0 +1,64 @@
+"""A launcher: how the ranks of a run are started, behind one interface.
+
+Each ``launcher=<option>`` has a ``Launcher`` subclass registered by its config's ``name``
+(``qwen3_trn.launch.LAUNCHERS``), as backends are. The app, the plan and the sweep talk to
+this interface only:
+
+- ``ranks_here``: whether the ranks run on this machine (else the device is planned for);
+- ``validate``: the launcher's own checks, before anything is written (``ConfigError``);
+- ``describe``: what ``mode=plan`` shows of where and how the ranks would start;
+- ``launch``: start the ranks of a prepared run; returns the run's status;
+- ``refresh``: the current state of runs it started elsewhere (a Slurm job), into their records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from torchtitan.trainer import Trainer
+
+from qwen3_trn.config.schema import LauncherConfig, RunConfig
+from qwen3_trn.layout import Layout
+from qwen3_trn.preflight import Prepared
+from qwen3_trn.records import RunStatus
+
+
+@dataclass
+class LaunchDescription:
+    """A launcher's part of ``mode=plan``."""
+
+    where: str
+    # The torchrun line that starts (a node's) ranks the same way, outside this framework.
+    torchrun: str
+    # What the launcher submits or runs (the torchrun line, or a Slurm job's sbatch script).
+    submission: str
+    # Extra plan sections (title -> text), e.g. the sbatch script of a Slurm job.
+    sections: dict[str, str] = field(default_factory=dict)
+
+
+class Launcher:
+    name: ClassVar[str]
+    ranks_here: ClassVar[bool] = True
+
+    def __init__(self, config: LauncherConfig) -> None:
+        self.config = config
+
+    def validate(self, cfg: RunConfig, layout: Layout) -> None:
+        """Checks of this launcher's keys (every mode) and, in ``mode=train``, of what it
+        needs to start the ranks; raise ``ConfigError``."""
+
+    def describe(self, prepared: Prepared, run_dir: Path) -> LaunchDescription:
+        raise NotImplementedError
+
+    def launch(self, prepared: Prepared, trainer_config: Trainer.Config | None = None, *, detach: bool = False) -> RunStatus:
+        """Start the ranks (reusing ``trainer_config``, preflight's, where a rank runs in this
+        process). ``detach``: return once they are submitted elsewhere, without waiting (a
+        sweep waits for all its jobs at its end)."""
+        raise NotImplementedError
+
+    def refresh(self, run_dirs: list[Path], wait: bool = False) -> list[dict[str, Any]]:
+        """Bring the summaries of runs this launcher started elsewhere up to date; returns them.
+        Local runs have nothing to refresh."""
+        return []

@@ -1,0 +1,112 @@
+"""What submitit runs on each node of a run's Slurm job: that node's ranks of the run.
+
+``SlurmTrainJob`` is a submitit checkpointable callable (``checkpoint`` below, like
+``submitit.helpers.Checkpointable``): on preemption or time-out Slurm sends USR2, submitit
+calls ``checkpoint``, which resubmits the same call, and requeues the job. The requeued job
+starts the ranks again in the same run directory, where torchtitan finds
+``checkpoint/step-N`` and resumes from it; the wandb run (id fixed in ``tracking.json``) is
+continued with ``WANDB_RESUME=allow``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from qwen3_trn.errors import describe_error
+from qwen3_trn.launch.local import start_node_ranks, with_rendezvous
+from qwen3_trn.launch.slurm.submission import rendezvous_port
+from qwen3_trn.preflight import resolve
+from qwen3_trn.records import (
+    CONFIG_FILE,
+    LAUNCH_TIME_ENV,
+    ON_SLURM_NODE_ENV,
+    RunStatus,
+    load_run_config,
+    read_metrics,
+    read_summary,
+    summarize,
+    update_summary,
+)
+from qwen3_trn.worker import WorkerJob
+
+
+class TermWatch:
+    """Notes SIGTERM (Slurm's first signal on scancel, and on a preemption that sends no user
+    signal first), then calls the handler it replaced (submitit's, which ignores it: the
+    requeue comes with USR2)."""
+
+    def __init__(self) -> None:
+        self.received: list[float] = []
+        self.previous = signal.getsignal(signal.SIGTERM)
+        try:
+            signal.signal(signal.SIGTERM, self._on_term)
+        except ValueError:  # not the main thread
+            pass
+
+    def _on_term(self, signum, frame) -> None:
+        self.received.append(time.time())
+        if callable(self.previous):
+            self.previous(signum, frame)
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGTERM, self.previous)
+
+    def stopped_by_slurm(self, exc: BaseException) -> bool:
+        """The ranks ended because Slurm is stopping the job: SIGTERM reached this process, or
+        the elastic agent turned it into its SignalException (it takes SIGTERM over while it runs)."""
+        return bool(self.received) or type(exc).__name__ == "SignalException"
+
+
+class SlurmTrainJob:
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = str(run_dir)
+
+    def __call__(self) -> dict[str, Any]:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        lead = env.global_rank == 0
+        os.environ[ON_SLURM_NODE_ENV] = "1"
+        os.environ[LAUNCH_TIME_ENV] = str(time.time())
+        term = TermWatch()
+        cfg = load_run_config(Path(self.run_dir) / CONFIG_FILE)
+        os.environ.update({key: str(value) for key, value in cfg.launcher.env.items()})
+        run_dir = Path(self.run_dir)
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+        if lead:
+            update_summary(run_dir, status=RunStatus.running, slurm={"state": "RUNNING", "job_id": str(env.job_id), "hostnames": env.hostnames, "restarts": restarts, "started": time.time()})
+        try:
+            resolved = resolve(cfg)
+            job = WorkerJob(cfg=cfg, device_type=resolved.device.type, layout=resolved.layout)
+            if job.layout.world_size > 1:
+                endpoint = f"{env.hostnames[0]}:{rendezvous_port(env.job_id)}" if job.layout.nnodes > 1 else None
+                job = with_rendezvous(job, endpoint, f"slurm-{env.job_id}")
+            start_node_ranks(job)
+        except Exception as exc:
+            if term.stopped_by_slurm(exc):
+                # Slurm is stopping this job (scancel, or a preemption whose USR2 comes next) and
+                # the ranks died of its SIGTERM: wait for submitit's requeue (USR2, which exits
+                # from here) or Slurm's SIGKILL, rather than reporting a failure.
+                term.restore()
+                time.sleep(90)
+            if lead:
+                update_summary(run_dir, status=RunStatus.failed, job_error=describe_error(exc), slurm={"state": "FAILED", "ended": time.time()})
+            raise
+        if lead:
+            if restarts:  # the summary over every step once, after a resume
+                update_summary(run_dir, **summarize(read_metrics(run_dir)))
+            update_summary(run_dir, status=RunStatus.completed, slurm={"state": "COMPLETED", "ended": time.time()})
+        return {"run_dir": str(run_dir), "node": env.node}
+
+    def checkpoint(self, *args: Any, **kwargs: Any):
+        """submitit's requeue hook (USR2: preemption or time limit): resubmit this same call."""
+        from submitit.helpers import DelayedSubmission
+
+        summary = read_summary(Path(self.run_dir))
+        requeues = int((summary.get("slurm") or {}).get("requeues", 0)) + 1
+        update_summary(Path(self.run_dir), status=RunStatus.pending, slurm={"state": "REQUEUED", "requeues": requeues, "requeued": time.time()})
+        return DelayedSubmission(self, *args, **kwargs)

@@ -1,0 +1,145 @@
+"""A submitted run's Slurm job: its state and error as submitit reports them, into the run's
+summary, and following it to its end.
+
+States come from submitit's job object (``submitit.SlurmJob``: sacct behind it), the error of
+a failed job from the exception submitit pickled for it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from qwen3_trn.records import IN_FLIGHT_STATUSES, RunStatus, read_summary, update_summary
+
+# Slurm job state -> the run's status.
+_PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD", "SUSPENDED", "STOPPED", "SPECIAL_EXIT"}
+_RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"}
+_FAILED = {"FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY", "DEADLINE", "PREEMPTED", "REVOKED"}
+FINAL_STATUSES = (RunStatus.completed, RunStatus.failed, RunStatus.cancelled)
+
+
+class SlurmJobEnded(SystemExit):
+    """A waited-for Slurm job that did not complete (exit status 1; the message is printed first).
+
+    ``run_status`` (failed or cancelled) is what ``summary.json`` records."""
+
+    def __init__(self, run_status: RunStatus) -> None:
+        super().__init__(1)
+        self.run_status = run_status
+
+
+def status_of(state: str) -> RunStatus | None:
+    """The run's status for a Slurm state (None: not known to Slurm yet)."""
+    state = state.split()[0].rstrip("+") if state and state.strip() else ""
+    if state == "COMPLETED":
+        return RunStatus.completed
+    if state == "CANCELLED":
+        return RunStatus.cancelled
+    if state in _RUNNING:
+        return RunStatus.running
+    if state in _PENDING:
+        return RunStatus.pending
+    if state in _FAILED:
+        return RunStatus.failed
+    return None
+
+
+def _job(slurm: dict[str, Any]):
+    import submitit
+
+    return submitit.SlurmJob(folder=slurm["folder"], job_id=str(slurm["job_id"]))
+
+
+def job_state(slurm: dict[str, Any]) -> str:
+    """Slurm's state of the run's job ("UNKNOWN" until the accounting knows it)."""
+    return _job(slurm).get_info(mode="force").get("State") or "UNKNOWN"
+
+
+def job_error(slurm: dict[str, Any]) -> str | None:
+    """The last line of the error submitit recorded for the job (e.g. ``KeyError: 'text'``)."""
+    error = _job(slurm).exception()
+    if error is None:
+        return None
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1][:500] if lines else type(error).__name__
+
+
+def refresh_runs(run_dirs: Iterable[Path]) -> list[dict[str, Any]]:
+    """Read the Slurm state of each run's job into its summary.json; returns the summaries
+    (runs without a Slurm job are left out)."""
+    out = []
+    for run_dir in map(Path, run_dirs):
+        summary = read_summary(run_dir)
+        slurm = summary.get("slurm") or {}
+        if not slurm.get("job_id"):
+            continue
+        state = job_state(slurm)
+        status = status_of(state)
+        fields: dict[str, Any] = {}
+        if status is not None and state != slurm.get("state"):
+            fields["slurm"] = {"state": state}
+        if status is not None and status != summary.get("status"):
+            fields["status"] = status
+        if status == RunStatus.failed and not summary.get("error"):
+            reason = summary.get("job_error") or job_error(slurm)
+            fields["error"] = f"Slurm job {slurm['job_id']} {state}" + (f": {reason}" if reason else "")
+        out.append(update_summary(run_dir, **fields) if fields else summary)
+    return out
+
+
+def _print_new(path: Path, offset: int) -> int:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+    except OSError:
+        return offset
+    if chunk:
+        sys.stdout.write(chunk.decode(errors="replace"))
+        sys.stdout.flush()
+    return offset + len(chunk)
+
+
+def wait_for_run(run_dir: Path, poll: float = 2.0, follow: bool = True) -> RunStatus:
+    """Follow the job's log until Slurm says it ended; ``completed``, else ``SlurmJobEnded``."""
+    run_dir = Path(run_dir)
+    slurm = read_summary(run_dir).get("slurm") or {}
+    job_id = slurm["job_id"]
+    log = Path(slurm["stdout"])
+    offset, seen, status = 0, None, None
+    try:
+        while status not in FINAL_STATUSES:
+            state = job_state(slurm)
+            if follow:
+                offset = _print_new(log, offset)
+            if state != seen:
+                print(f"[slurm] job {job_id}: {state}", flush=True)
+                seen = state
+            status = status_of(state)
+            if status not in FINAL_STATUSES:
+                time.sleep(poll)
+    except KeyboardInterrupt:
+        print(f"\n[slurm] stopped waiting; job {job_id} goes on (state: python -m qwen3_trn.status {run_dir}; "
+              f"cancel: scancel {job_id})", flush=True)
+        return RunStatus.submitted
+    if follow:
+        _print_new(log, offset)
+    refresh_runs([run_dir])
+    if status == RunStatus.completed:
+        return status
+    summary = read_summary(run_dir)
+    error = summary.get("job_error") or job_error(slurm)
+    print(f"error: Slurm job {job_id} ended {seen}" + (f": {error}" if error else "") + f"\n  log: {slurm['stderr']}", file=sys.stderr, flush=True)
+    raise SlurmJobEnded(status)
+
+
+def wait_for_runs(run_dirs: list[Path], poll: float = 3.0) -> list[dict[str, Any]]:
+    """Refresh until every run's job has ended."""
+    while True:
+        summaries = refresh_runs(run_dirs)
+        if all(s.get("status") not in IN_FLIGHT_STATUSES for s in summaries):
+            return summaries
+        time.sleep(poll)

@@ -1,0 +1,319 @@
+"""The records of a run and of a sweep: one module owns the files in their directories.
+
+Every file name, every writer (atomic: written to a temporary file, then renamed over the
+target), the status a run or sweep job can have, the environment variables the project passes
+between its processes, and loading a run's saved config. Nothing here imports torch, so the
+report and the sweep read runs without it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import tempfile
+import time
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Any, Iterator
+
+from omegaconf import DictConfig, OmegaConf
+
+from qwen3_trn.config.schema import RunConfig
+from qwen3_trn.config.typed import run_config_from_container
+from qwen3_trn.errors import ConfigError
+
+# --- files of a run directory ---
+CONFIG_FILE = "config.yaml"
+OVERRIDES_FILE = "overrides.yaml"
+TRAINER_CONFIG_FILE = "trainer_config.json"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+TRACKING_FILE = "tracking.json"
+PLAN_TEXT_FILE = "plan.txt"
+PLAN_FILE = "plan.json"
+DEVICE_SLICE_FILE = "device_slice.json"
+LOGS_DIR = "logs"
+SLURM_DIR = "slurm"
+CLAIM_FILE = ".qwen3_trn-run"
+# Present in a directory that holds (or held) a run.
+RUN_MARKERS = (CLAIM_FILE, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, "checkpoint")
+
+# --- files of a sweep directory and of its jobs ---
+SWEEP_FILE = "sweep.json"
+MANIFEST_FILE = "manifest.json"
+JOB_FILE = "job.json"
+ERROR_LOG = "error.log"
+
+# --- environment variables between the project's processes ---
+# Wall-clock time at which the command started its ranks (seconds to the first step).
+LAUNCH_TIME_ENV = "QWEN3_TRN_LAUNCH_TIME"
+# Set inside a Slurm job: the ranks run here, so no submission checks.
+ON_SLURM_NODE_ENV = "QWEN3_TRN_SLURM_NODE"
+# Show Python tracebacks for configuration errors.
+TRACEBACK_ENV = "QWEN3_TRN_TRACEBACK"
+# Machine-wide lock directory of device packing.
+SLOTS_DIR_ENV = "QWEN3_TRN_SLOTS_DIR"
+# Cache of derived files (HF configs, measured matmul peaks).
+CACHE_ENV = "QWEN3_TRN_CACHE"
+
+
+class RunStatus(str, Enum):
+    """What ``summary.json`` (a run) and ``job.json`` (a sweep job) say of it."""
+
+    running = "running"
+    completed = "completed"
+    failed = "failed"
+    interrupted = "interrupted"
+    cancelled = "cancelled"
+    # launcher=slurm: the job is on the cluster
+    submitted = "submitted"
+    pending = "pending"
+    # mode=plan / mode=check: nothing was trained
+    planned = "planned"
+    # a sweep job whose settings do not apply to its mode (errors.NotApplicable)
+    skipped = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def ended(self) -> bool:
+        return self in ENDED_STATUSES
+
+
+ENDED_STATUSES = frozenset({RunStatus.completed, RunStatus.failed, RunStatus.interrupted, RunStatus.cancelled})
+IN_FLIGHT_STATUSES = frozenset({RunStatus.submitted, RunStatus.pending, RunStatus.running})
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "qwen3_trn"))
+
+
+# ------------------------------------------------------------------------------------------
+# Writing
+# ------------------------------------------------------------------------------------------
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Readers see the old file or the new one, never a half-written one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, record: Any) -> None:
+    write_text_atomic(path, json.dumps(record, indent=2, default=str) + "\n")
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON record, or None when it is absent or unreadable."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Serialises read-modify-write of ``path`` between processes (a lock file beside it)."""
+    lock = Path(path).with_name(f".{Path(path).name}.lock")
+    fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------
+# The run directory
+# ------------------------------------------------------------------------------------------
+
+
+def claim_run_dir(path: str | Path) -> Path:
+    """The run directory, claimed for this run alone: refused if a run already wrote there.
+
+    The claim is an exclusive create of ``CLAIM_FILE``, so two runs started at once with the
+    same directory cannot both win."""
+    run_dir = Path(path)
+    taken = [name for name in RUN_MARKERS if (run_dir / name).exists()]
+    if not taken:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(run_dir / CLAIM_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            taken = [CLAIM_FILE]
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{os.getpid()} {time.time()}\n")
+            return run_dir
+    raise ConfigError(
+        "hydra.run.dir",
+        f"'{run_dir}' already holds a run ({', '.join(taken)}); nothing was changed. Choose a new "
+        "directory (leave hydra.run.dir unset for a fresh one), or resume it into a new run with "
+        f"checkpoint.resume_from={run_dir}.",
+    )
+
+
+def holds_run(run_dir: Path) -> bool:
+    return any((Path(run_dir) / name).exists() for name in (*RUN_MARKERS, JOB_FILE))
+
+
+def write_run_files(run_dir: Path, resolved: DictConfig, overrides: list[str], trainer_config_dict: dict[str, Any]) -> None:
+    write_text_atomic(run_dir / CONFIG_FILE, OmegaConf.to_yaml(resolved, resolve=True))
+    write_text_atomic(run_dir / OVERRIDES_FILE, OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
+    write_text_atomic(run_dir / TRAINER_CONFIG_FILE, json.dumps(trainer_config_dict, indent=2, default=repr) + "\n")
+
+
+def read_overrides(run_dir: Path) -> list[str]:
+    path = Path(run_dir) / OVERRIDES_FILE
+    return [str(o) for o in OmegaConf.load(path)] if path.is_file() else []
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """A run's saved, resolved ``config.yaml`` (or its run directory) as the typed config."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / CONFIG_FILE
+    return run_config_from_container(OmegaConf.to_container(OmegaConf.load(path)))
+
+
+# ------------------------------------------------------------------------------------------
+# summary.json: the run's status and headline figures
+# ------------------------------------------------------------------------------------------
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    return read_json(Path(run_dir) / SUMMARY_FILE) or {}
+
+
+def update_summary(run_dir: Path, /, **fields: Any) -> dict[str, Any]:
+    """Merge ``fields`` into summary.json (a ``slurm`` section key by key), atomically and
+    under a lock: the submitting process, the metrics rank and a Slurm job all update it."""
+    path = Path(run_dir) / SUMMARY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path):
+        summary = read_json(path) or {}
+        slurm = fields.pop("slurm", None)
+        summary.update({k: str(v) if isinstance(v, RunStatus) else v for k, v in fields.items()})
+        if slurm is not None:
+            summary["slurm"] = {**(summary.get("slurm") or {}), **slurm}
+        write_json_atomic(path, summary)
+    return summary
+
+
+# ------------------------------------------------------------------------------------------
+# metrics.jsonl: one record per logged step
+# ------------------------------------------------------------------------------------------
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's per-step records in step order; a step logged again after a resume keeps its
+    latest record. A torn last line (a killed run) is skipped."""
+    path = Path(run_dir) / METRICS_FILE
+    by_step: dict[int, dict[str, Any]] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "step" in record:
+            by_step[int(record["step"])] = record
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """First/last loss, steady-state throughput (step 1 excluded: it includes warm-up) and peaks."""
+    if not records:
+        return {"steps_logged": 0}
+    steady = [r for r in records[1:] if "tokens_per_s" in r] or records
+
+    def mean(key: str) -> float:
+        return sum(r.get(key, 0.0) for r in steady) / len(steady)
+
+    summary = {
+        "steps_logged": len(records),
+        "first_step": records[0]["step"],
+        "last_step": records[-1]["step"],
+        "first_loss": records[0].get("loss"),
+        "last_loss": records[-1].get("loss"),
+        "min_loss": min(r.get("loss", math.inf) for r in records),
+        "tokens_per_s": mean("tokens_per_s"),
+        "tokens_per_s_per_rank": mean("tokens_per_s_per_rank"),
+        "peak_memory_gib": max(r.get("memory_peak_gib", 0.0) for r in records),
+    }
+    if all("mfu_pct" in r for r in steady):
+        summary["mfu_pct"] = mean("mfu_pct")
+    if "seconds_since_launch" in records[0]:
+        summary["seconds_to_first_step"] = records[0]["seconds_since_launch"]
+    return summary
+
+
+def write_metrics_summary(run_dir: Path, records: list[dict[str, Any]], facts: dict[str, Any]) -> dict[str, Any]:
+    """The metrics rank's part of summary.json: what ran and the figures of its records."""
+    return update_summary(run_dir, **facts, **summarize(records), metrics_file=str(Path(run_dir) / METRICS_FILE))
+
+
+# ------------------------------------------------------------------------------------------
+# Sweeps: sweep.json, job.json, manifest.json
+# ------------------------------------------------------------------------------------------
+
+
+def read_sweep_file(sweep_dir: Path) -> dict[str, Any]:
+    return read_json(Path(sweep_dir) / SWEEP_FILE) or {}
+
+
+def write_sweep_file(sweep_dir: Path, shared: dict[str, Any]) -> None:
+    write_json_atomic(Path(sweep_dir) / SWEEP_FILE, shared)
+
+
+def read_job_record(run_dir: Path) -> dict[str, Any] | None:
+    return read_json(Path(run_dir) / JOB_FILE)
+
+
+def write_job_record(run_dir: Path, record: dict[str, Any]) -> None:
+    write_json_atomic(Path(run_dir) / JOB_FILE, record)
+
+
+def job_records(sweep_dir: Path) -> dict[int, dict[str, Any]]:
+    """Every job.json under the sweep directory, by job number."""
+    jobs: dict[int, dict[str, Any]] = {}
+    for path in sorted(Path(sweep_dir).glob(f"**/{JOB_FILE}")):
+        job = read_json(path)
+        if job and job.get("num") is not None:
+            jobs.setdefault(int(job["num"]), job)
+    return jobs
+
+
+def read_manifest(sweep_dir: Path) -> dict[str, Any] | None:
+    return read_json(Path(sweep_dir) / MANIFEST_FILE)
+
+
+def write_manifest_file(sweep_dir: Path, manifest: dict[str, Any]) -> None:
+    write_json_atomic(Path(sweep_dir) / MANIFEST_FILE, manifest)
+
+
+def is_sweep_dir(path: Path) -> bool:
+    return (Path(path) / SWEEP_FILE).is_file() or (Path(path) / MANIFEST_FILE).is_file()
+
+
+def run_dirs_under(path: Path) -> list[Path]:
+    """``path`` itself when it is a run directory, else the run directories below it."""
+    path = Path(path)
+    if (path / SUMMARY_FILE).is_file():
+        return [path]
+    return sorted({p.parent for p in path.glob(f"**/{SUMMARY_FILE}")})

@@ -1,0 +1,55 @@
+"""``python -m qwen3_trn.status <run or sweep dir>... [--wait] [--json]``: the current state of
+runs whose ranks run elsewhere (a Slurm job), read from their launcher into ``summary.json``,
+the sweep jobs' ``job.json`` and the sweep manifest (whose report is built once all ended)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from qwen3_trn.records import RunStatus, is_sweep_dir, run_dirs_under
+from qwen3_trn.sweep import refresh_runs, refresh_sweep
+
+
+def _row(record: dict, num=None) -> dict:
+    slurm = record.get("slurm") or {}
+    status = record.get("status")
+    return {
+        "run_dir": record.get("run_dir"),
+        "status": status,
+        "job_id": slurm.get("job_id"),
+        "state": slurm.get("state"),
+        "log": record.get("log") or (slurm.get("stderr") if status == RunStatus.failed else slurm.get("stdout")),
+        "num": num,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m qwen3_trn.status", description=__doc__.splitlines()[0])
+    parser.add_argument("dirs", nargs="+", help="run directories or sweep directories")
+    parser.add_argument("--wait", action="store_true", help="wait until every job has ended")
+    parser.add_argument("--json", action="store_true", help="print the states as JSON")
+    args = parser.parse_args(argv)
+
+    rows = []
+    for given in args.dirs:
+        path = Path(given).resolve()
+        if not path.is_dir():
+            parser.error(f"{given} is not a directory")
+        if is_sweep_dir(path):
+            rows += [_row(job, job.get("num")) for job in refresh_sweep(path, wait=args.wait)["jobs"]]
+        else:
+            rows += [_row(summary) for summary in refresh_runs(run_dirs_under(path), wait=args.wait)]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for row in rows:
+            num = f"#{row['num']} " if row.get("num") is not None else ""
+            print(f"{num}{row['status'] or '?':<10} job {row['job_id'] or '-':<8} {row['state'] or '':<11} {row['run_dir']}  log: {row['log']}")
+    return 1 if any(r["status"] in (RunStatus.failed, RunStatus.cancelled) for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
