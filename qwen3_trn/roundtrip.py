@@ -40,6 +40,7 @@ from qwen3_trn.hf.checkpoint import checkpoint_dtype, read_config, safetensors_f
 from qwen3_trn.hf.trainer import write_hf_export_files
 from qwen3_trn.models.hf_config import architecture_from_hf
 from qwen3_trn.preflight import prepare
+from qwen3_trn.records import write_json_atomic
 from qwen3_trn.worker import build_trainer
 
 LM_HEAD = "lm_head.weight"
@@ -302,7 +303,7 @@ def roundtrip(
             )
     elif not report.max_logit_diff_titan <= atol:
         report.failures.append(f"torchtitan model's logits differ from the source by {report.max_logit_diff_titan:.3g} > {atol:g}")
-    (dst / "roundtrip.json").write_text(json.dumps({**asdict(report), "ok": report.ok}, indent=2) + "\n")
+    write_json_atomic(dst / "roundtrip.json", {**asdict(report), "ok": report.ok})
     return report
 
 

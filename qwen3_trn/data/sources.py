@@ -59,7 +59,7 @@ def _register(data: DataConfig, path: str | None, loader: Callable, column: str)
 def list_data_files(pattern: str) -> list[str]:
     candidate = Path(pattern).expanduser()
     if candidate.is_dir():
-        files = sorted(str(p) for p in candidate.rglob("*") if p.is_file() and _builder_of(str(p)))
+        files = sorted(str(p) for p in candidate.rglob("*") if p.is_file() and builder_of(str(p)))
     elif any(ch in pattern for ch in "*?["):
         files = sorted(glob.glob(str(candidate), recursive=True))
     else:
@@ -67,13 +67,14 @@ def list_data_files(pattern: str) -> list[str]:
     return files
 
 
-def _builder_of(file: str) -> str | None:
+def builder_of(file: str) -> str | None:
     """The builder for a file, looking through a compression suffix (``a.jsonl.gz``)."""
     uncompressed = file.removesuffix(".gz").removesuffix(".zst")
     return FILE_BUILDERS.get(Path(uncompressed).suffix)
 
 
-def _files(data: DataConfig) -> ResolvedDataset:
+def data_files(data: DataConfig) -> list[str]:
+    """The files of ``data=files``, all of one kind the ``datasets`` library reads."""
     if not data.path:
         raise ConfigError("data.path", "data=files needs data.path=<file | directory | glob> of .jsonl/.json/.parquet/.txt files.")
     files = list_data_files(data.path)
@@ -83,10 +84,19 @@ def _files(data: DataConfig) -> ResolvedDataset:
             f"'{data.path}' does not exist or matches no .jsonl/.json/.parquet/.txt file "
             f"(looked from {Path.cwd()}); pass an existing file, directory or glob.",
         )
-    builders = {_builder_of(f) for f in files}
-    if len(builders) != 1 or None in builders:
-        raise ConfigError("data.path", f"'{data.path}' mixes file types {sorted(map(str, builders))}; point it at one kind of file.")
-    builder = builders.pop()
+    builders = {builder_of(f) for f in files}
+    if None in builders:
+        unknown = next(f for f in files if builder_of(f) is None)
+        raise ConfigError("data.path", f"'{unknown}' is not a format data=files reads; use .jsonl, .json, .parquet or .txt files "
+                                       "(optionally .gz or .zst compressed).")
+    if len(builders) != 1:
+        raise ConfigError("data.path", f"'{data.path}' mixes file types {sorted(builders)}; point it at one kind of file.")
+    return files
+
+
+def _files(data: DataConfig) -> ResolvedDataset:
+    files = data_files(data)
+    builder = builder_of(files[0])
     column = "text" if builder == "text" else data.text_column
     return _register(data, None, lambda _path: _load_files(files, builder, data.split), column)
 

@@ -26,6 +26,7 @@ from torchtitan.experiments.transformers_modeling_backend.trainer import HFTrans
 from torchtitan.tools.logging import logger
 
 from qwen3_trn.hf.model import init_like_native, reset_unset_buffers
+from qwen3_trn.records import write_json_atomic
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
@@ -49,7 +50,7 @@ def write_hf_export_files(folder: str | Path, hf_config_dir: str | Path, tokeniz
     config["dtype"] = dtype  # the dtype the safetensors were written in (checkpoint.export_dtype)
     config.pop("torch_dtype", None)
     config["use_cache"] = True
-    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    write_json_atomic(folder / "config.json", config, sort_keys=True)
     if tokenizer_dir is not None:
         for name in TOKENIZER_FILES:
             source = Path(tokenizer_dir) / name

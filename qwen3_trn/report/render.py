@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qwen3_trn.records import write_text_atomic
 from qwen3_trn.report.runs import Collection, RunData
 
 STATUS_COLORS = {"completed": "#1a7f37", "failed": "#cf222e", "skipped": "#9a6700"}
@@ -165,10 +166,11 @@ def table_rows(collection: Collection) -> tuple[list[str], list[list[Any]]]:
 
 def write_csv(path: Path, collection: Collection) -> None:
     header, rows = table_rows(collection)
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        writer.writerows([["" if v is None else v for v in row] for row in rows])
+    handle = io.StringIO(newline="")
+    writer = csv.writer(handle)
+    writer.writerow(header)
+    writer.writerows([["" if v is None else v for v in row] for row in rows])
+    write_text_atomic(path, handle.getvalue())
 
 
 def _md_cell(value: Any) -> str:
