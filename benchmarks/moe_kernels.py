@@ -123,8 +123,7 @@ def main() -> None:
 
     device_type = "cpu"
     portable = sorted(
-        name for name, impl in KERNELS.impls(MOE_SWIGLU_EXPERTS.name).items()
-        if impl.portable and device_type in impl.devices
+        name for name, impl in KERNELS.impls(MOE_SWIGLU_EXPERTS.name).items() if impl.portable and device_type in impl.devices
     )
     peaks = {dtype: matmul_peak(dtype) for dtype in (torch.bfloat16, torch.float32)}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}")
@@ -158,9 +157,7 @@ def main() -> None:
                     f"{100 * gflops / peaks[torch.bfloat16]:7.1f}% {100 * gflops / peaks[torch.float32]:7.1f}% "
                     f"{baseline_ms / ms:7.2f}x"
                 )
-    shapes = ", ".join(
-        f"{s.name}: R={s.rows} E={s.num_experts} D={s.dim} F={s.hidden_dim}" for s in map(SHAPES.get, args.shapes)
-    )
+    shapes = ", ".join(f"{s.name}: R={s.rows} E={s.num_experts} D={s.dim} F={s.hidden_dim}" for s in map(SHAPES.get, args.shapes))
     print(f"\nFLOPs per fwd+bwd = 18*R*D*F, R = tokens*top_k routed rows ({shapes}).")
 
 

@@ -24,8 +24,17 @@ class StepCapture(logging.Handler):
         match = STEP_LINE.search(record.getMessage())
         if match:
             step, loss, tps = match.groups()
-            print(json.dumps({"step": int(step), "loss": float(loss), "tps": float(tps.replace(",", "")),
-                              "seconds_since_launch": time.time() - LAUNCH}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "step": int(step),
+                        "loss": float(loss),
+                        "tps": float(tps.replace(",", "")),
+                        "seconds_since_launch": time.time() - LAUNCH,
+                    }
+                ),
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -53,7 +62,15 @@ def main() -> None:
     root.handlers.clear()
     root.setLevel(logging.INFO)
     root.addHandler(StepCapture())
-    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": os.environ.get("MASTER_PORT", "29531")})
+    os.environ.update(
+        {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": os.environ.get("MASTER_PORT", "29531"),
+        }
+    )
     trainer = config.build()
     trainer.train()
     trainer.close()

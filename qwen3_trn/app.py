@@ -96,12 +96,18 @@ def _print_summary(summary: dict) -> None:
         return
     if not summary.get("steps_logged"):
         # Multi-node: metrics are written by the node that hosted global rank 0.
-        console.print(f"qwen3_trn: this node's ranks {summary.get('status')}; no metrics rank ran here. outputs: {summary.get('run_dir')}", soft_wrap=True)
+        console.print(
+            f"qwen3_trn: this node's ranks {summary.get('status')}; no metrics rank ran here. outputs: {summary.get('run_dir')}",
+            soft_wrap=True,
+        )
         return
 
     table = Table(title=f"qwen3_trn run {summary.get('status', '')}", show_header=False)
     rows = [
-        ("backend / device", f"{summary.get('backend')} / {summary.get('device')}" + (f" / kernel {summary['kernel']}" if "kernel" in summary else "")),
+        (
+            "backend / device",
+            f"{summary.get('backend')} / {summary.get('device')}" + (f" / kernel {summary['kernel']}" if "kernel" in summary else ""),
+        ),
         ("steps", f"{summary.get('first_step')} -> {summary.get('last_step')}"),
         ("loss first -> last", f"{summary.get('first_loss', float('nan')):.4f} -> {summary.get('last_loss', float('nan')):.4f}"),
         ("tokens/s", f"{summary.get('tokens_per_s', 0):,.0f}"),
@@ -119,10 +125,13 @@ def _print_summary(summary: dict) -> None:
 def _check_in_subprocess(run_dir: Path) -> dict:
     done = subprocess.run(
         [sys.executable, "-m", "qwen3_trn.rank", str(run_dir / CONFIG_FILE), "--check"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     if done.returncode != 0:
-        raise ConfigError("parallelism", f"torchtitan could not build rank 0 of this layout on its fake backend:\n{done.stderr.strip()[-2000:]}")
+        raise ConfigError(
+            "parallelism", f"torchtitan could not build rank 0 of this layout on its fake backend:\n{done.stderr.strip()[-2000:]}"
+        )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -238,6 +247,7 @@ def exit_status(search_dirs: Iterable[Path] = ()) -> Iterator[None]:
 def _sigterm_interrupts() -> Iterator[None]:
     """SIGTERM stops a run like Ctrl-C does (its summary says interrupted), instead of killing
     this process before it records anything."""
+
     def interrupt(signum, frame):
         raise RunInterrupted(signum)
 

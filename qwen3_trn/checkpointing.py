@@ -74,8 +74,11 @@ def find_resume_point(given: Path, folder_name: str, key: str = "checkpoint.resu
     if re.fullmatch(r"step-\d+", given.name) and given.is_dir():
         chosen = StepFolder(int(given.name.split("-")[1]), given)
         if not chosen.complete:
-            raise ConfigError(key, f"'{given}' is incomplete ({chosen.why_incomplete}); pass its run directory to resume from "
-                                   "the newest complete checkpoint, or an older step-N folder.")
+            raise ConfigError(
+                key,
+                f"'{given}' is incomplete ({chosen.why_incomplete}); pass its run directory to resume from "
+                "the newest complete checkpoint, or an older step-N folder.",
+            )
         return ResumePoint(given)
     looked = []
     for folder in (given / folder_name, given):
@@ -88,8 +91,12 @@ def find_resume_point(given: Path, folder_name: str, key: str = "checkpoint.resu
             if candidate.complete:
                 return ResumePoint(candidate.path, skipped)
             skipped.append((candidate.path, candidate.why_incomplete))
-        raise ConfigError(key, f"'{given}' has no complete checkpoint: " + "; ".join(f"{p.name} has {why}" for p, why in reversed(skipped))
-                          + ". Resume from a run that saved one, or start afresh.")
+        raise ConfigError(
+            key,
+            f"'{given}' has no complete checkpoint: "
+            + "; ".join(f"{p.name} has {why}" for p, why in reversed(skipped))
+            + ". Resume from a run that saved one, or start afresh.",
+        )
     raise ConfigError(
         key,
         f"'{given}' holds no step-N checkpoint (looked in {' and '.join(looked)}); "
@@ -133,7 +140,11 @@ def _reason(exc: BaseException, folder: Path, previous: StepFolder | None) -> st
     # left without room for another checkpoint is the cause either way.
     full = any(isinstance(c, OSError) and c.errno == errno.ENOSPC for c in causes) or (free is not None and free < max(needed, 2**20))
     if full:
-        space = f" ({free / 2**20:.1f} MiB free there" + (f", a checkpoint needs {needed / 2**20:.0f} MiB)" if needed else ")") if free is not None else ""
+        space = (
+            f" ({free / 2**20:.1f} MiB free there" + (f", a checkpoint needs {needed / 2**20:.0f} MiB)" if needed else ")")
+            if free is not None
+            else ""
+        )
         return f"no space left on device writing to {folder}{space}"
     oserror = next((c for c in causes if isinstance(c, OSError)), None)
     if oserror is not None:
@@ -143,10 +154,15 @@ def _reason(exc: BaseException, folder: Path, previous: StepFolder | None) -> st
 
 def save_failure_message(exc: BaseException, step: int, folder: Path) -> str:
     previous = [s for s in step_folders(folder) if s.step != step and s.complete]
-    kept = (f"the previous checkpoint {previous[-1].path} is complete and loadable (checkpoint.resume_from=<this run dir>)"
-            if previous else "no earlier complete checkpoint exists")
-    return (f"checkpoint save at step {step} failed: {_reason(exc, folder, previous[-1] if previous else None)}. "
-            f"The incomplete step-{step} was removed; {kept}. Free space or point checkpoint.folder at a larger disk, then resume.")
+    kept = (
+        f"the previous checkpoint {previous[-1].path} is complete and loadable (checkpoint.resume_from=<this run dir>)"
+        if previous
+        else "no earlier complete checkpoint exists"
+    )
+    return (
+        f"checkpoint save at step {step} failed: {_reason(exc, folder, previous[-1] if previous else None)}. "
+        f"The incomplete step-{step} was removed; {kept}. Free space or point checkpoint.folder at a larger disk, then resume."
+    )
 
 
 class GuardedCheckpointManager(CheckpointManager):

@@ -141,9 +141,7 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
             run_info=run_info(cfg, device, layout, arch),
         ),
         loss=ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=arch.vocab_size)),
-        dataloader=HuggingFaceTextDataLoader.Config(
-            dataset=dataset.name, dataset_path=dataset.path, num_workers=cfg.data.num_workers
-        ),
+        dataloader=HuggingFaceTextDataLoader.Config(dataset=dataset.name, dataset_path=dataset.path, num_workers=cfg.data.num_workers),
         optimizer=_optimizer(cfg),
         lr_scheduler=LRSchedulersContainer.Config(
             warmup_steps=cfg.optimizer.warmup_steps,

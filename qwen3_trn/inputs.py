@@ -154,8 +154,10 @@ def first_records(data: DataConfig, files: list[str], builder: str) -> list[dict
             stream = load_dataset(builder, data_files=files, split=data.split, streaming=True)
             return list(itertools.islice(stream, PROBED_RECORDS))
     except Exception as exc:  # noqa: BLE001 - pyarrow, pandas, json and UnicodeDecodeError alike
-        raise ConfigError("data.path", f"{_why_unreadable(files, builder, exc)}; point data.path at .jsonl/.json/.parquet/.txt "
-                                       "files the datasets library reads.") from None
+        raise ConfigError(
+            "data.path",
+            f"{_why_unreadable(files, builder, exc)}; point data.path at .jsonl/.json/.parquet/.txt files the datasets library reads.",
+        ) from None
 
 
 def _check_records(data: DataConfig, records: list[dict[str, Any]], files: list[str], column: str) -> None:
@@ -171,8 +173,10 @@ def _check_records(data: DataConfig, records: list[dict[str, Any]], files: list[
         )
     wrong = next((r[column] for r in records if not isinstance(r[column], str)), None)
     if wrong is not None:
-        raise ConfigError("data.text_column", f"column '{column}' of {files[0]} holds {type(wrong).__name__} values, not text; "
-                                              "set data.text_column to a column of strings.")
+        raise ConfigError(
+            "data.text_column",
+            f"column '{column}' of {files[0]} holds {type(wrong).__name__} values, not text; set data.text_column to a column of strings.",
+        )
 
 
 def _check_files(cfg: RunConfig) -> None:
@@ -193,12 +197,17 @@ def _check_hub(cfg: RunConfig) -> None:
     except Exception as exc:  # noqa: BLE001 - hub, network and cache errors alike
         reason = _first_line(exc)
         offline = " (HF_DATASETS_OFFLINE is set: only the local cache was searched)" if os.environ.get("HF_DATASETS_OFFLINE") else ""
-        raise ConfigError("data.path", f"cannot open the hub dataset '{data.path}'{offline}: {reason}; check the id, the network "
-                                       "and HF_TOKEN for gated datasets.") from None
+        raise ConfigError(
+            "data.path",
+            f"cannot open the hub dataset '{data.path}'{offline}: {reason}; check the id, the network and HF_TOKEN for gated datasets.",
+        ) from None
     features = builder.info.features
     if features is not None and data.text_column not in features:
-        raise ConfigError("data.text_column", f"'{data.text_column}' is not a column of '{data.path}': it has "
-                                              f"{', '.join(features)}; set data.text_column=<the column with the text>.")
+        raise ConfigError(
+            "data.text_column",
+            f"'{data.text_column}' is not a column of '{data.path}': it has "
+            f"{', '.join(features)}; set data.text_column=<the column with the text>.",
+        )
 
 
 # Checks of each data source (``qwen3_trn.data.sources.DATA_SOURCES``); the shipped corpus and
@@ -236,8 +245,10 @@ def check_tokenizer(path: str | Path, build: Callable[[str], Any], vocab_size: i
         with _quiet():
             tokenizer = build(str(path))
     except Exception as exc:  # noqa: BLE001 - the tokenizers library's own errors
-        raise ConfigError(TOKENIZER_KEY, f"torchtitan cannot load the tokenizer in '{path}': {_first_line(exc)}; replace its tokenizer files "
-                                         "with the model's own.") from None
+        raise ConfigError(
+            TOKENIZER_KEY,
+            f"torchtitan cannot load the tokenizer in '{path}': {_first_line(exc)}; replace its tokenizer files with the model's own.",
+        ) from None
     vocab = tokenizer.tokenizer.get_vocab(with_added_tokens=True) if hasattr(tokenizer, "tokenizer") else {}
     size = max(vocab.values()) + 1 if vocab else tokenizer.get_vocab_size()
     if size > vocab_size:
@@ -248,5 +259,8 @@ def check_tokenizer(path: str | Path, build: Callable[[str], Any], vocab_size: i
         )
     declared = (parsed.get("config.json") or {}).get("vocab_size") if isinstance(parsed.get("config.json"), dict) else None
     if isinstance(declared, int) and declared < size:
-        raise ConfigError(TOKENIZER_KEY, f"{path / 'config.json'} says vocab_size {declared}, but the tokenizer there has {size} tokens; "
-                                         "the two files come from different models: use the model's own files.")
+        raise ConfigError(
+            TOKENIZER_KEY,
+            f"{path / 'config.json'} says vocab_size {declared}, but the tokenizer there has {size} tokens; "
+            "the two files come from different models: use the model's own files.",
+        )

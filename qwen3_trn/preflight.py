@@ -81,8 +81,7 @@ def _check_training(cfg: RunConfig, arch: Qwen3Architecture, layout: Layout) -> 
     if training.seq_len > arch.max_seq_len:
         raise ConfigError(
             "training.seq_len",
-            f"{training.seq_len} is above the model's max_seq_len {arch.max_seq_len}; "
-            f"lower training.seq_len or raise model.max_seq_len.",
+            f"{training.seq_len} is above the model's max_seq_len {arch.max_seq_len}; lower training.seq_len or raise model.max_seq_len.",
         )
     per_step = training.local_batch_size * layout.data_parallel
     if training.global_batch_size > 0 and training.global_batch_size % per_step:
@@ -126,6 +125,8 @@ def prepare(cfg: RunConfig, ranks_here: bool = True) -> Prepared:
         raise
     except (ValueError, AssertionError) as exc:
         raise ConfigError("titan", f"torchtitan refused the resulting Trainer.Config: {exc}") from exc
-    check_tokenizer(trainer_config.hf_assets_path, lambda path: trainer_config.tokenizer.build(tokenizer_path=path), resolved.arch.vocab_size)
+    check_tokenizer(
+        trainer_config.hf_assets_path, lambda path: trainer_config.tokenizer.build(tokenizer_path=path), resolved.arch.vocab_size
+    )
     check_data(cfg)
     return Prepared(**vars(resolved), trainer_config=trainer_config)

@@ -52,7 +52,10 @@ def passed_env(env: Mapping[str, Any]) -> dict[str, str]:
 def redact_tree(node: Any) -> Any:
     """A plain config tree (dicts and lists) with every leaf under a secret-looking key redacted."""
     if isinstance(node, dict):
-        return {k: (REDACTED if looks_secret(k) and not isinstance(v, (dict, list)) and v is not None else redact_tree(v)) for k, v in node.items()}
+        return {
+            k: (REDACTED if looks_secret(k) and not isinstance(v, (dict, list)) and v is not None else redact_tree(v))
+            for k, v in node.items()
+        }
     if isinstance(node, list):
         return [redact_tree(v) for v in node]
     return node

@@ -36,8 +36,9 @@ def cli_env(env: dict | None = None) -> dict[str, str]:
     return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": path, **(env or {})}
 
 
-def run_cli(args: list[str], run_dir: Path | None = None, timeout: float = 600, env: dict | None = None,
-            cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    args: list[str], run_dir: Path | None = None, timeout: float = 600, env: dict | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     """``python -m qwen3_trn ARGS`` in a subprocess (in ``cwd``, default the checkout), with the
     run directory pinned."""
     cmd = [sys.executable, "-m", "qwen3_trn", *args]

@@ -5,9 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SECRETS_IN_ENV = {"WANDB_API_KEY": "env-wandb-0f3a9c1d7e", "HF_TOKEN": "hf_envAbCdEfGh123456", "AWS_SECRET_ACCESS_KEY": "env/aws+Secret9876543",
-                  "QWEN3_TRN_SERVICE_TOKEN": "env-only-token-5521"}
-SECRETS_IN_LAUNCHER_ENV = {"WANDB_API_KEY": "cfg-wandb-8b2e4f6a0c", "HF_TOKEN": "hf_cfgZyXwVu987654", "AWS_SECRET_ACCESS_KEY": "cfg/aws+Secret1234567"}
+SECRETS_IN_ENV = {
+    "WANDB_API_KEY": "env-wandb-0f3a9c1d7e",
+    "HF_TOKEN": "hf_envAbCdEfGh123456",
+    "AWS_SECRET_ACCESS_KEY": "env/aws+Secret9876543",
+    "QWEN3_TRN_SERVICE_TOKEN": "env-only-token-5521",
+}
+SECRETS_IN_LAUNCHER_ENV = {
+    "WANDB_API_KEY": "cfg-wandb-8b2e4f6a0c",
+    "HF_TOKEN": "hf_cfgZyXwVu987654",
+    "AWS_SECRET_ACCESS_KEY": "cfg/aws+Secret1234567",
+}
 
 
 def secret_args() -> list[str]:

@@ -35,6 +35,7 @@ def _base(hint):
 
 def schema_leaves():
     """(dotted key, type, the overrides that select its option) of every user key of the schema."""
+
     def walk(cls, prefix, select):
         for f in dataclasses.fields(cls):
             hint = _base(typing.get_type_hints(cls)[f.name])
@@ -144,12 +145,36 @@ BINARY = bytes(range(256)) * 16
 
 CONFIG_DIR_CASES = {
     # file under --config-dir, its content, the override that picks it, what the error names
-    "malformed-yaml": ("optimizer/mine.yaml", "lr: [1,\n  2\n", "optimizer=mine", ["optimizer/mine.yaml, line 3, column 1", "malformed YAML"]),
-    "unknown-key": ("optimizer/mine.yaml", "lr: 0.01\nlrr: 1\n", "optimizer=mine", ["optimizer.lrr", "optimizer/mine.yaml, line 2, column 1", "did you mean lr"]),
-    "wrong-type": ("training/mine.yaml", "steps: lots\n", "training=mine", ["training.steps", "training/mine.yaml, line 1, column 1", "not an integer"]),
-    "unknown-option": ("model/mine.yaml", "flavor: debugmodel\nattention: fastest\n", "model=mine", ["model.attention", "model/mine.yaml", "use one of auto, sdpa"]),
-    "experiment-nested-key": ("experiment/mine.yaml", "# @package _global_\ntraining:\n  stepz: 3\n", "experiment=mine",
-                              ["training.stepz", "experiment/mine.yaml, line 3, column 3"]),
+    "malformed-yaml": (
+        "optimizer/mine.yaml",
+        "lr: [1,\n  2\n",
+        "optimizer=mine",
+        ["optimizer/mine.yaml, line 3, column 1", "malformed YAML"],
+    ),
+    "unknown-key": (
+        "optimizer/mine.yaml",
+        "lr: 0.01\nlrr: 1\n",
+        "optimizer=mine",
+        ["optimizer.lrr", "optimizer/mine.yaml, line 2, column 1", "did you mean lr"],
+    ),
+    "wrong-type": (
+        "training/mine.yaml",
+        "steps: lots\n",
+        "training=mine",
+        ["training.steps", "training/mine.yaml, line 1, column 1", "not an integer"],
+    ),
+    "unknown-option": (
+        "model/mine.yaml",
+        "flavor: debugmodel\nattention: fastest\n",
+        "model=mine",
+        ["model.attention", "model/mine.yaml", "use one of auto, sdpa"],
+    ),
+    "experiment-nested-key": (
+        "experiment/mine.yaml",
+        "# @package _global_\ntraining:\n  stepz: 3\n",
+        "experiment=mine",
+        ["training.stepz", "experiment/mine.yaml, line 3, column 3"],
+    ),
     "out-of-range": ("optimizer/mine.yaml", "lr: -0.5\n", "optimizer=mine", ["optimizer.lr", "must be > 0"]),
 }
 
@@ -175,12 +200,27 @@ DATA_CASES = {
     "binary-jsonl": ("blob.jsonl", BINARY, [], ["data.path", "blob.jsonl is not text", "not UTF-8"]),
     "binary-txt": ("blob.txt", BINARY, [], ["data.path", "blob.txt is not text"]),
     "gzip-not-gzip": ("blob.jsonl.gz", BINARY, [], ["data.path", "blob.jsonl.gz"]),
-    "broken-json-line": ("broken.jsonl", '{"text": "a"}\n{"text": \n', [], ["data.path", "broken.jsonl, line 2, column 10", "not valid JSON"]),
+    "broken-json-line": (
+        "broken.jsonl",
+        '{"text": "a"}\n{"text": \n',
+        [],
+        ["data.path", "broken.jsonl, line 2, column 10", "not valid JSON"],
+    ),
     "json-array-broken": ("broken.json", '[{"text": "a"}, {"text" "b"}]', [], ["data.path", "broken.json, line 1, column 25"]),
     "not-parquet": ("blob.parquet", BINARY, [], ["data.path", "parquet", "blob.parquet"]),
     "unreadable-format": ("table.csv", "text\nhello\n", [], ["data.path", "table.csv' is not a format data=files reads"]),
-    "missing-text-column": ("body.jsonl", _jsonl([{"body": "a", "id": 1}] * 3), [], ["data.text_column", "'text' is not a column", "body, id"]),
-    "wrong-text-column": ("body.jsonl", _jsonl([{"body": "a"}] * 3), ["data.text_column=content"], ["data.text_column", "'content' is not a column"]),
+    "missing-text-column": (
+        "body.jsonl",
+        _jsonl([{"body": "a", "id": 1}] * 3),
+        [],
+        ["data.text_column", "'text' is not a column", "body, id"],
+    ),
+    "wrong-text-column": (
+        "body.jsonl",
+        _jsonl([{"body": "a"}] * 3),
+        ["data.text_column=content"],
+        ["data.text_column", "'content' is not a column"],
+    ),
     "non-text-column": ("nums.jsonl", _jsonl([{"text": 5}] * 3), [], ["data.text_column", "holds int values"]),
     "no-path-given": ("", None, [], ["data.path", "needs data.path"]),
 }
@@ -208,9 +248,17 @@ def _assets(tmp_path: Path, **files: str | bytes) -> Path:
 
 
 TOKENIZER_CASES = {
-    "tokenizer-json-malformed": ({"tokenizer__json": '{"model": {"vocab": {"a": 1,}}}'}, [], ["model.hf_assets_path", "tokenizer.json, line 1, column 29"]),
+    "tokenizer-json-malformed": (
+        {"tokenizer__json": '{"model": {"vocab": {"a": 1,}}}'},
+        [],
+        ["model.hf_assets_path", "tokenizer.json, line 1, column 29"],
+    ),
     "tokenizer-json-binary": ({"tokenizer__json": BINARY}, [], ["model.hf_assets_path", "tokenizer.json is not text"]),
-    "tokenizer-json-not-a-tokenizer": ({"tokenizer__json": '{"model": 5}'}, [], ["model.hf_assets_path", "torchtitan cannot load the tokenizer"]),
+    "tokenizer-json-not-a-tokenizer": (
+        {"tokenizer__json": '{"model": 5}'},
+        [],
+        ["model.hf_assets_path", "torchtitan cannot load the tokenizer"],
+    ),
     "tokenizer-config-malformed": ({"tokenizer_config__json": "{'bos_token': 1}"}, [], ["tokenizer_config.json, line 1, column 2"]),
     "config-json-disagrees": ({"config__json": json.dumps({"vocab_size": 100})}, [], ["config.json says vocab_size 100"]),
     "vocab-larger-than-model": ({}, ["model.vocab_size=100"], ["model.vocab_size", "has 2048 tokens"]),

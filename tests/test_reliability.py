@@ -25,8 +25,9 @@ def start_cli(args: list[str], run_dir: Path | None = None, env: dict | None = N
     """``python -m qwen3_trn`` in its own session, as a terminal would run it (Ctrl-C reaches
     the whole session's foreground group)."""
     cmd = [sys.executable, "-m", "qwen3_trn", *args, *([f"hydra.run.dir={run_dir}"] if run_dir else [])]
-    return subprocess.Popen(cmd, cwd=cwd or REPO, env=cli_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd, cwd=cwd or REPO, env=cli_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
 
 
 def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None, poll: float = 0.2):
@@ -64,8 +65,10 @@ def test_eight_runs_started_at_once_get_eight_directories(tmp_path):
     """Eight runs with one timestamped directory pattern (one ${now:%Y} for all: they collide):
     each claims its own directory, none fails, none writes into another's."""
     pattern = f"{tmp_path}/runs/" + "${now:%Y}"
-    runs = [start_cli(["training.steps=2", *TINY, f"training.seed={n}", f"hydra.run.dir={pattern}"], env={"OMP_NUM_THREADS": "1"})
-            for n in range(8)]
+    runs = [
+        start_cli(["training.steps=2", *TINY, f"training.seed={n}", f"hydra.run.dir={pattern}"], env={"OMP_NUM_THREADS": "1"})
+        for n in range(8)
+    ]
     results = [run.communicate(timeout=1200) for run in runs]
     for run, (out, err) in zip(runs, results):
         assert run.returncode == 0, f"{out[-2000:]}\n{err[-3000:]}"
@@ -83,8 +86,10 @@ def test_eight_runs_started_at_once_get_eight_directories(tmp_path):
 
 def test_ctrl_c_stops_every_rank_and_marks_the_run_interrupted(tmp_path):
     run_dir = tmp_path / "run"
-    run = start_cli(["launcher.nproc_per_node=2", "parallelism=fsdp", "training.steps=100000", "training.seq_len=64",
-                     "optimizer.warmup_steps=1"], run_dir)
+    run = start_cli(
+        ["launcher.nproc_per_node=2", "parallelism=fsdp", "training.steps=100000", "training.seq_len=64", "optimizer.warmup_steps=1"],
+        run_dir,
+    )
     wait_for(lambda: steps_logged(run_dir) >= 2, 300, "two steps", run)
     ranks = [pid for pid in session_processes(run.pid) if pid != run.pid]
     assert len(ranks) >= 2, ranks
@@ -175,8 +180,19 @@ def test_disk_full_during_a_save_says_so_and_keeps_the_previous_checkpoint(tmp_p
 
 def test_no_secret_is_written_but_the_ranks_see_them(tmp_path):
     run_dir = tmp_path / "run"
-    run = start_cli(["launcher.nproc_per_node=2", "parallelism=fsdp", "logger=wandb", "training.steps=12", "training.seq_len=64",
-                     "optimizer.warmup_steps=1", *secret_args()], run_dir, env=SECRETS_IN_ENV)
+    run = start_cli(
+        [
+            "launcher.nproc_per_node=2",
+            "parallelism=fsdp",
+            "logger=wandb",
+            "training.steps=12",
+            "training.seq_len=64",
+            "optimizer.warmup_steps=1",
+            *secret_args(),
+        ],
+        run_dir,
+        env=SECRETS_IN_ENV,
+    )
     wait_for(lambda: steps_logged(run_dir) >= 1, 300, "the first step", run)
     ranks = [process_env(pid) for pid in session_processes(run.pid) if "spawn_main" in process_cmdline(pid)]
     out, err = run.communicate(timeout=600)

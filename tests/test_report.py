@@ -26,8 +26,18 @@ def _loss(step: int, backend: str, top_k: int) -> float:
 def fake_run(run_dir: Path, overrides: list[str], backend: str, top_k: int, steps: int = 4, status: str = "completed") -> None:
     """A run directory as a training run leaves it (metrics.jsonl, summary.json, overrides.yaml)."""
     run_dir.mkdir(parents=True)
-    records = [{"step": s, "loss": _loss(s, backend, top_k), "grad_norm": 1.0, "tokens_per_s": 1000.0 * top_k + s,
-                "memory_peak_gib": 0.5 * top_k, "mfu_pct": 1.5, "lr_AdamW": 1e-3} for s in range(1, steps + 1)]
+    records = [
+        {
+            "step": s,
+            "loss": _loss(s, backend, top_k),
+            "grad_norm": 1.0,
+            "tokens_per_s": 1000.0 * top_k + s,
+            "memory_peak_gib": 0.5 * top_k,
+            "mfu_pct": 1.5,
+            "lr_AdamW": 1e-3,
+        }
+        for s in range(1, steps + 1)
+    ]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (run_dir / "summary.json").write_text(json.dumps({"status": status, "backend": backend, "wall_time_s": 12.5}))
     (run_dir / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
@@ -44,8 +54,15 @@ def sweep(tmp_path) -> Path:
         jobs.append({"num": num, "overrides": overrides, "run_dir": str(sweep_dir / str(num)), "status": "completed"})
     skipped = ["backend=native", "model.top_k=4", "model=tiny", "training.steps=4"]
     (sweep_dir / "4").mkdir()
-    jobs.append({"num": 4, "overrides": skipped, "run_dir": str(sweep_dir / "4"), "status": "skipped",
-                 "reason": "model.top_k: model=debugmodel is a dense flavor"})
+    jobs.append(
+        {
+            "num": 4,
+            "overrides": skipped,
+            "run_dir": str(sweep_dir / "4"),
+            "status": "skipped",
+            "reason": "model.top_k: model=debugmodel is a dense flavor",
+        }
+    )
     (sweep_dir / "manifest.json").write_text(json.dumps({"group": "g1", "swept_keys": ["backend", "model.top_k"], "jobs": jobs}))
     return sweep_dir
 
@@ -82,8 +99,9 @@ def test_report_over_run_directories_on_the_command_line(sweep, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "2 runs (completed); swept: backend, model.top_k" in done.stdout
     assert (out / "report.html").read_text().count("<tr data-run=") == 2
-    missing = subprocess.run([sys.executable, "-m", "qwen3_trn.report", str(tmp_path / "nope")], cwd=REPO,
-                             capture_output=True, text=True, timeout=300)
+    missing = subprocess.run(
+        [sys.executable, "-m", "qwen3_trn.report", str(tmp_path / "nope")], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
@@ -91,8 +109,14 @@ def test_publish_without_key_says_so_and_writes_the_local_report(sweep, tmp_path
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env["HOME"] = str(tmp_path)  # no ~/.netrc from `wandb login`
     out = tmp_path / "pub"
-    done = subprocess.run([sys.executable, "-m", "qwen3_trn.report", str(sweep), "--publish", "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "qwen3_trn.report", str(sweep), "--publish", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     assert re.search(r"wandb Report not published: (wandb-workspaces is not installed|no wandb API key)", done.stdout)
     assert (out / "report.html").is_file() and "not published" in (out / "report.html").read_text()
@@ -113,8 +137,13 @@ for run_dir, top_k in ((Path(sys.argv[1]) / "a", 1), (Path(sys.argv[1]) / "b", 2
         run.log({"loss": 6.0 - step * top_k * 0.1, "tokens_per_s": 50.0 * top_k, "memory_peak_gib": 0.25}, step=step)
     run.finish()
 """
-    subprocess.run([sys.executable, "-c", script, str(tmp_path / "runs")], check=True, capture_output=True, timeout=180,
-                   env={**os.environ, "WANDB_SILENT": "true"})
+    subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "runs")],
+        check=True,
+        capture_output=True,
+        timeout=180,
+        env={**os.environ, "WANDB_SILENT": "true"},
+    )
     result = build_report([tmp_path / "runs"], out_dir=tmp_path / "out")
     runs = result.collection.runs
     assert [(r.source, r.status, r.backend) for r in runs] == [("wandb", "completed", "native")] * 2
@@ -130,9 +159,18 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (CI installs Debian's chromium package)")
 def test_report_renders_in_a_real_browser(sweep, tmp_path):
     result = build_report([sweep], out_dir=tmp_path / "out")
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-             "--disable-sync", "--no-first-run", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
-             "--virtual-time-budget=10000"]
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--virtual-time-budget=10000",
+    ]
     url = result.html.resolve().as_uri()
     dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=180)
     assert dom.returncode == 0, dom.stderr[-2000:]
@@ -147,8 +185,9 @@ def test_report_renders_in_a_real_browser(sweep, tmp_path):
     assert {label.split(",")[0] for label, _ in rows} == {"backend=native", "backend=hf_v5"}
 
     shot = tmp_path / "shot.png"
-    done = subprocess.run([CHROMIUM, *flags, "--window-size=1280,1600", f"--screenshot={shot}", url],
-                          capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [CHROMIUM, *flags, "--window-size=1280,1600", f"--screenshot={shot}", url], capture_output=True, text=True, timeout=180
+    )
     assert done.returncode == 0 and shot.is_file(), done.stderr[-2000:]
     from PIL import Image
 

@@ -16,8 +16,6 @@ from qwen3_trn.backends import BACKENDS
 from qwen3_trn.report.wandb_offline import find_run_files, read_offline_run
 from tests.conftest import read_metrics, run_cli
 
-
-
 # Tiny and short: each trained job is a few seconds after the first one's imports.
 TINY = ["training.steps=3", "training.seq_len=64", "optimizer.warmup_steps=1"]
 
@@ -80,7 +78,9 @@ def test_moe_grid_sweep_tracks_every_job_and_reports(tmp_path):
     manifest = manifest_of(sweep_dir)
     assert manifest["counts"] == {"completed": 4, "failed": 0, "skipped": 0, "total": 4}
     assert manifest["experiment"] == "moe_grid" and manifest["swept_keys"] == ["model.top_k", "model.n_layers"]
-    combos = {(job["num"], tuple(o for o in job["overrides"] if o.startswith(("model.top_k", "model.n_layers")))) for job in manifest["jobs"]}
+    combos = {
+        (job["num"], tuple(o for o in job["overrides"] if o.startswith(("model.top_k", "model.n_layers")))) for job in manifest["jobs"]
+    }
     assert {c[1] for c in combos} == {(f"model.top_k={k}", f"model.n_layers={n}") for k in (1, 2) for n in (1, 2)}
     assert len({job["run_dir"] for job in manifest["jobs"]}) == 4
     for job in manifest["jobs"]:
@@ -93,8 +93,21 @@ def test_moe_grid_sweep_tracks_every_job_and_reports(tmp_path):
     assert runs[0].config["model"]["top_k"] in (1, 2)
 
     # wandb's own tool reads the same run: tags are a list, group and job type as logged
-    leet = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--summary", "--json", str(find_run_files(Path(manifest["jobs"][0]["run_dir"]))[0])],
-                          capture_output=True, text=True, timeout=120)
+    leet = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wandb",
+            "leet",
+            "inspect",
+            "--summary",
+            "--json",
+            str(find_run_files(Path(manifest["jobs"][0]["run_dir"]))[0]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert leet.returncode == 0, leet.stderr
     seen = json.loads(leet.stdout)
     assert seen["tags"] == runs[0].tags and seen["run_id"] == runs[0].id and seen["name"] == runs[0].name
@@ -111,8 +124,13 @@ def test_moe_grid_sweep_tracks_every_job_and_reports(tmp_path):
 
     # on demand, from the offline wandb runs alone: the same figures
     out = tmp_path / "from_wandb"
-    done = subprocess.run([sys.executable, "-m", "qwen3_trn.report", str(sweep_dir), "--source", "wandb", "--out", str(out)],
-                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "qwen3_trn.report", str(sweep_dir), "--source", "wandb", "--out", str(out)],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     with (out / "report.csv").open() as handle:
         from_wandb = {r["run"]: r for r in csv.DictReader(handle)}
@@ -159,14 +177,21 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path):
     assert html.count("<tr data-run=") == 4 and 'data-status="failed"' in html and 'data-status="skipped"' in html
 
     # the summary can be printed again from the manifest, with the same exit status
-    again = subprocess.run([sys.executable, "-m", "qwen3_trn.sweep", str(sweep_dir)], cwd=Path(__file__).resolve().parents[1],
-                           capture_output=True, text=True, timeout=120)
+    again = subprocess.run(
+        [sys.executable, "-m", "qwen3_trn.sweep", str(sweep_dir)],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode == 1 and "#2 FAILED" in again.stdout
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not {"native", "hf_v5", "nki_moe"} <= set(BACKENDS),
-                    reason=f"the three-mode sweep needs backends native, hf_v5 and nki_moe; registered: {', '.join(BACKENDS)}")
+@pytest.mark.skipif(
+    not {"native", "hf_v5", "nki_moe"} <= set(BACKENDS),
+    reason=f"the three-mode sweep needs backends native, hf_v5 and nki_moe; registered: {', '.join(BACKENDS)}",
+)
 def test_three_modes_side_by_side(tmp_path):
     sweep_dir = tmp_path / "modes"
     result = run_sweep(["experiment=modes", *TINY], sweep_dir)

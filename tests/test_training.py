@@ -63,14 +63,29 @@ def test_killed_fsdp_run_resumes_with_the_losses_of_an_uninterrupted_one(tmp_pat
     ``checkpoint.resume_from=outputs/runs/<date>/<time>``), logs exactly the losses of a run that
     was never interrupted at every later step. (Absolute paths: the resume tests in
     tests/test_reliability.py and the Slurm requeue test.)"""
-    common = ["launcher.nproc_per_node=2", "parallelism=fsdp", "checkpoint=on", "checkpoint.interval=2", "checkpoint.keep_latest_k=0",
-              "training.seq_len=64", "optimizer.warmup_steps=2", "logger=none", "training.steps=7"]
+    common = [
+        "launcher.nproc_per_node=2",
+        "parallelism=fsdp",
+        "checkpoint=on",
+        "checkpoint.interval=2",
+        "checkpoint.keep_latest_k=0",
+        "training.seq_len=64",
+        "optimizer.warmup_steps=2",
+        "logger=none",
+        "training.steps=7",
+    ]
     reference = tmp_path / "reference"
     uninterrupted = {r["step"]: r["loss"] for r in assert_trained(run_cli(common, reference), reference, steps=7)}
 
     killed = tmp_path / "outputs" / "runs" / "killed"
-    run = subprocess.Popen([sys.executable, "-m", "qwen3_trn", *common, f"hydra.run.dir={killed}"], cwd=tmp_path, env=cli_env(),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "qwen3_trn", *common, f"hydra.run.dir={killed}"],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 600
     while not ((killed / "checkpoint" / "step-4" / ".metadata").is_file() and any(r["step"] == 5 for r in _records(killed))):
         assert run.poll() is None and time.monotonic() < deadline, "the run ended before step 5"

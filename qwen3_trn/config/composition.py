@@ -68,8 +68,10 @@ def _unknown_key_fix(key: str) -> str:
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     where = ".".join(parent) or "the top level"
-    return (f"{hint}Keys of {where}: {', '.join(names)}. Remove it or fix the spelling; torchtitan fields without a key "
-            "here go under +titan.<path>=<value>.")
+    return (
+        f"{hint}Keys of {where}: {', '.join(names)}. Remove it or fix the spelling; torchtitan fields without a key "
+        "here go under +titan.<path>=<value>."
+    )
 
 
 def _default_hint(key: str) -> str:
@@ -96,7 +98,9 @@ def describe_value_problem(key: str, message: str, where: str = "") -> ConfigErr
     if m := re.match(r"Cannot convert '(\w+)' to string", first):
         return ConfigError(key, f"expects a string, got a {m.group(1)}{at}; give a plain value (quote it if it has commas or brackets).")
     if m := re.match(r"Cannot assign (\w+) to (Dict\[.*\])", first):
-        return ConfigError(key, f"expects a mapping, got {m.group(1)}{at}; give {{NAME: value, ...}} or set single entries with +{key}.NAME=value.")
+        return ConfigError(
+            key, f"expects a mapping, got {m.group(1)}{at}; give {{NAME: value, ...}} or set single entries with +{key}.NAME=value."
+        )
     if m := re.match(r"Invalid value assigned: (\w+) is not a ListConfig", first):
         return ConfigError(key, f"expects a list, got {m.group(1)}{at}; give [a, b, ...].")
     if re.match(r"Key '.*' (not in|is not in struct)", first):
@@ -146,15 +150,23 @@ def composition_error(exc: BaseException, search_dirs: Iterable[Path] = ()) -> C
     text = str(exc)
     if isinstance(exc, OverrideParseException):
         key = exc.override.split("=", 1)[0].lstrip("+~") or exc.override
-        return ConfigError(key, f"cannot parse the override '{exc.override}' ({exc.message.splitlines()[0]}); "
-                                "see https://hydra.cc/docs/advanced/override_grammar/basic (quote values with special characters).")
+        return ConfigError(
+            key,
+            f"cannot parse the override '{exc.override}' ({exc.message.splitlines()[0]}); "
+            "see https://hydra.cc/docs/advanced/override_grammar/basic (quote values with special characters).",
+        )
     if isinstance(exc, MissingConfigException) or "Could not find '" in text:
         return _missing_option(text)
     if m := re.search(r"Ambiguous value for argument '([^=']+)=([^']*)'", text):
-        return ConfigError(m.group(1), f"'{m.group(2)}' is ambiguous: for a list write {m.group(1)}=[{m.group(2)}], for a string quote it "
-                                       f"({m.group(1)}='{m.group(2)}'), to sweep over it add -m.")
+        return ConfigError(
+            m.group(1),
+            f"'{m.group(2)}' is ambiguous: for a list write {m.group(1)}=[{m.group(2)}], for a string quote it "
+            f"({m.group(1)}='{m.group(2)}'), to sweep over it add -m.",
+        )
     if m := re.search(r"An item is already at '([^']+)'", text):
-        return ConfigError(m.group(1), f"already exists, so it cannot be added with '+'; write {m.group(1)}=<value> (or ++ to add or override).")
+        return ConfigError(
+            m.group(1), f"already exists, so it cannot be added with '+'; write {m.group(1)}=<value> (or ++ to add or override)."
+        )
     if m := re.match(r"In '([^']+)': (\w+) raised while composing config:\n(.*)", text, re.S):
         config_name, body = m.group(1), m.group(3)
         key = _clean_key(_full_key(body) or config_name.split("/")[0])

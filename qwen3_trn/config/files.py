@@ -24,12 +24,16 @@ def read_json_file(path: str | Path, key: str, what: str = "JSON file") -> Any:
     except OSError as exc:
         raise ConfigError(key, f"cannot read {path}: {exc.strerror or exc}; check that the file exists and is readable.") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(key, f"{path} is not text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start} is not UTF-8); "
-                               f"replace it with the real {what}.") from None
+        raise ConfigError(
+            key,
+            f"{path} is not text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start} is not UTF-8); replace it with the real {what}.",
+        ) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(key, f"{path}, line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg}); fix or replace this {what}.") from None
+        raise ConfigError(
+            key, f"{path}, line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg}); fix or replace this {what}."
+        ) from None
 
 
 def yaml_error_position(exc: yaml.YAMLError) -> tuple[str | None, int | None, int | None]:
@@ -43,7 +47,9 @@ def yaml_error_position(exc: yaml.YAMLError) -> tuple[str | None, int | None, in
 def describe_yaml_error(exc: yaml.YAMLError) -> str:
     """One line: where the YAML is malformed and why."""
     name, line, column = yaml_error_position(exc)
-    problem = " ".join(str(part) for part in (getattr(exc, "context", None), getattr(exc, "problem", None)) if part) or str(exc).splitlines()[0]
+    problem = (
+        " ".join(str(part) for part in (getattr(exc, "context", None), getattr(exc, "problem", None)) if part) or str(exc).splitlines()[0]
+    )
     where = f"{name}, line {line}, column {column}" if name else "the YAML"
     return f"{where}: malformed YAML ({problem})"
 

@@ -45,9 +45,22 @@ NON_NEGATIVE = Range(ge=0)
 FRACTION = Range(ge=0, le=1)
 
 RANGES: dict[str, Range] = {
-    **{f"model.{key}": POSITIVE for key in (
-        "n_layers", "dim", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "vocab_size", "max_seq_len",
-        "num_experts", "top_k", "moe_hidden_dim")},
+    **{
+        f"model.{key}": POSITIVE
+        for key in (
+            "n_layers",
+            "dim",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "hidden_dim",
+            "vocab_size",
+            "max_seq_len",
+            "num_experts",
+            "top_k",
+            "moe_hidden_dim",
+        )
+    },
     "model.rope_theta": Range(gt=0),
     **{f"parallelism.{key}": _degree("whatever is left of the world size") for key in ("dp_replicate", "dp_shard", "tp", "pp", "cp")},
     "parallelism.ep": POSITIVE,
@@ -118,7 +131,9 @@ def violation(key: str, rule: Range, value: Any, cfg: Any) -> str | None:
 
 
 def describe(rule: Range) -> str:
-    parts = [f"{_COMPARE[name][1]} {bound}" if isinstance(bound, str) else f"{_COMPARE[name][1]} {bound:g}" for name, bound in rule.bounds()]
+    parts = [
+        f"{_COMPARE[name][1]} {bound}" if isinstance(bound, str) else f"{_COMPARE[name][1]} {bound:g}" for name, bound in rule.bounds()
+    ]
     return " and ".join(parts) + (f" ({rule.note})" if rule.note else "")
 
 

@@ -39,5 +39,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     try:
         plain = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as exc:  # e.g. ${oc.env:NAME} of a variable that is not set
-        raise ConfigError(getattr(exc, "full_key", None) or "config", f"{str(exc).splitlines()[0]}; set what it refers to or give the value.") from None
+        raise ConfigError(
+            getattr(exc, "full_key", None) or "config", f"{str(exc).splitlines()[0]}; set what it refers to or give the value."
+        ) from None
     return run_config_from_container(plain)

@@ -87,8 +87,10 @@ def data_files(data: DataConfig) -> list[str]:
     builders = {builder_of(f) for f in files}
     if None in builders:
         unknown = next(f for f in files if builder_of(f) is None)
-        raise ConfigError("data.path", f"'{unknown}' is not a format data=files reads; use .jsonl, .json, .parquet or .txt files "
-                                       "(optionally .gz or .zst compressed).")
+        raise ConfigError(
+            "data.path",
+            f"'{unknown}' is not a format data=files reads; use .jsonl, .json, .parquet or .txt files (optionally .gz or .zst compressed).",
+        )
     if len(builders) != 1:
         raise ConfigError("data.path", f"'{data.path}' mixes file types {sorted(builders)}; point it at one kind of file.")
     return files
@@ -108,7 +110,9 @@ def _embedded(data: DataConfig) -> ResolvedDataset:
 
 def _hub(data: DataConfig) -> ResolvedDataset:
     if not data.path:
-        raise ConfigError("data.path", "data=hub needs data.path=<dataset id on the Hugging Face hub>, e.g. data.path=roneneldan/TinyStories.")
+        raise ConfigError(
+            "data.path", "data=hub needs data.path=<dataset id on the Hugging Face hub>, e.g. data.path=roneneldan/TinyStories."
+        )
     return _register(data, data.path, partial(_load_hub, data.name, data.split, data.streaming), data.text_column)
 
 

@@ -29,7 +29,11 @@ from qwen3_trn.hf.model import init_like_native, reset_unset_buffers
 from qwen3_trn.records import write_json_atomic
 
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
     "generation_config.json",
 )
 

@@ -4,16 +4,11 @@ Importing this package registers every operator and implementation; NKI (Trainiu
 only imported when the ``nki`` kernel is selected. See README.md in this folder.
 """
 
-from .registry import (
-    KERNELS,
-    KernelChoice,
-    KernelRegistry,
-    KernelUnavailableError,
-    OpDeclaration,
-    declare_op,
-    register_kernel,
-    resolve_op,
-    select_kernel,
+from .experts import (
+    KernelExpertsConverter,
+    KernelGroupedExperts,
+    resolved_kernel_name,
+    use_kernel_experts,
 )
 from .layouts import (
     TokenGroupAlignmentError,
@@ -24,11 +19,16 @@ from .layouts import (
 )
 from .moe import MOE_SWIGLU_EXPERTS, moe_swiglu_experts
 from .nki_moe import check_nki_moe_shapes, probe_nki
-from .experts import (
-    KernelExpertsConverter,
-    KernelGroupedExperts,
-    resolved_kernel_name,
-    use_kernel_experts,
+from .registry import (
+    KERNELS,
+    KernelChoice,
+    KernelRegistry,
+    KernelUnavailableError,
+    OpDeclaration,
+    declare_op,
+    register_kernel,
+    resolve_op,
+    select_kernel,
 )
 
 __all__ = [

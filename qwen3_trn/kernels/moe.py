@@ -70,30 +70,32 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -
 
 def _backward(ctx: Any, grad_out, _grad_gate, _grad_up, *, backward_kernel):
     x, w1, w2, w3, num_tokens_per_expert, gate, up, out = ctx.saved_tensors
-    grad_x, grad_w1, grad_w2, grad_w3 = backward_kernel(
-        grad_out.contiguous(), x, w1, w2, w3, num_tokens_per_expert, gate, up, out
-    )
+    grad_x, grad_w1, grad_w2, grad_w3 = backward_kernel(grad_out.contiguous(), x, w1, w2, w3, num_tokens_per_expert, gate, up, out)
     return grad_x, grad_w1, grad_w2, grad_w3, None
 
 
-MOE_SWIGLU_EXPERTS = declare_op(OpDeclaration(
-    name="moe_swiglu_experts",
-    schema="(Tensor x, Tensor w1, Tensor w2, Tensor w3, Tensor num_tokens_per_expert) -> (Tensor, Tensor, Tensor)",
-    fake=_fake_forward,
-    setup_context=_setup_context,
-    backward=_backward,
-    backward_op="moe_swiglu_experts_backward",
-    doc="Grouped SwiGLU expert MLP over rows sorted by expert; returns (out, gate, up).",
-))
-MOE_SWIGLU_EXPERTS_BACKWARD = declare_op(OpDeclaration(
-    name="moe_swiglu_experts_backward",
-    schema=(
-        "(Tensor grad_out, Tensor x, Tensor w1, Tensor w2, Tensor w3, Tensor num_tokens_per_expert, "
-        "Tensor gate, Tensor up, Tensor out) -> (Tensor, Tensor, Tensor, Tensor)"
-    ),
-    fake=_fake_backward,
-    doc="Gradients (x, w1, w2, w3) of moe_swiglu_experts.",
-))
+MOE_SWIGLU_EXPERTS = declare_op(
+    OpDeclaration(
+        name="moe_swiglu_experts",
+        schema="(Tensor x, Tensor w1, Tensor w2, Tensor w3, Tensor num_tokens_per_expert) -> (Tensor, Tensor, Tensor)",
+        fake=_fake_forward,
+        setup_context=_setup_context,
+        backward=_backward,
+        backward_op="moe_swiglu_experts_backward",
+        doc="Grouped SwiGLU expert MLP over rows sorted by expert; returns (out, gate, up).",
+    )
+)
+MOE_SWIGLU_EXPERTS_BACKWARD = declare_op(
+    OpDeclaration(
+        name="moe_swiglu_experts_backward",
+        schema=(
+            "(Tensor grad_out, Tensor x, Tensor w1, Tensor w2, Tensor w3, Tensor num_tokens_per_expert, "
+            "Tensor gate, Tensor up, Tensor out) -> (Tensor, Tensor, Tensor, Tensor)"
+        ),
+        fake=_fake_backward,
+        doc="Gradients (x, w1, w2, w3) of moe_swiglu_experts.",
+    )
+)
 
 
 def moe_problem(*, dim: int, hidden_dim: int, num_experts: int) -> dict[str, int]:
@@ -126,18 +128,14 @@ def _check_inputs(x, w1, w2, w3, num_tokens_per_expert) -> None:
     if x.dim() != 2 or x.shape[1] != dim:
         raise ValueError(f"x must be [R, {dim}], got {tuple(x.shape)}")
     if tuple(w3.shape) != (experts, hidden, dim) or tuple(w2.shape) != (experts, dim, hidden):
-        raise ValueError(
-            f"expected w1/w3 [E, F, D] and w2 [E, D, F]; got {tuple(w1.shape)}, {tuple(w3.shape)}, {tuple(w2.shape)}"
-        )
+        raise ValueError(f"expected w1/w3 [E, F, D] and w2 [E, D, F]; got {tuple(w1.shape)}, {tuple(w3.shape)}, {tuple(w2.shape)}")
     if not (x.dtype == w1.dtype == w2.dtype == w3.dtype):
         raise ValueError(f"x and weights must share a dtype, got {x.dtype}, {w1.dtype}, {w2.dtype}, {w3.dtype}")
     if num_tokens_per_expert.shape != (experts,) or num_tokens_per_expert.is_floating_point():
         raise ValueError(f"num_tokens_per_expert must be an integer tensor of shape ({experts},)")
 
 
-def _swiglu_grads(
-    grad_h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _swiglu_grads(grad_h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``h = silu(gate) * up``: returns ``(h, d gate, d up)`` computed in fp32."""
     gate, up, grad_h = gate.float(), up.float(), grad_h.float()
     sigmoid = torch.sigmoid(gate)
@@ -181,7 +179,8 @@ def _grouped_mm_strides_ok(problem: Mapping[str, int]) -> str | None:
 
 
 @register_kernel(
-    "moe_swiglu_experts", "grouped_mm",
+    "moe_swiglu_experts",
+    "grouped_mm",
     devices=("cpu", "cuda", "neuron"),
     priority={"cuda": 20, "*": 10},
     shape_check=_grouped_mm_strides_ok,
@@ -196,7 +195,8 @@ def _grouped_mm_forward(x, w1, w2, w3, num_tokens_per_expert):
 
 
 @register_kernel(
-    "moe_swiglu_experts_backward", "grouped_mm",
+    "moe_swiglu_experts_backward",
+    "grouped_mm",
     devices=("cpu", "cuda", "neuron"),
     priority={"cuda": 20, "*": 10},
     shape_check=_grouped_mm_strides_ok,
@@ -241,7 +241,8 @@ def _expert_row_ranges(num_tokens_per_expert: torch.Tensor, num_rows: int) -> li
 
 
 @register_kernel(
-    "moe_swiglu_experts", "per_expert_mm",
+    "moe_swiglu_experts",
+    "per_expert_mm",
     devices=("cpu", "cuda"),
     priority={"cpu": 20, "*": 5},
 )
@@ -261,7 +262,8 @@ def _per_expert_forward(x, w1, w2, w3, num_tokens_per_expert):
 
 
 @register_kernel(
-    "moe_swiglu_experts_backward", "per_expert_mm",
+    "moe_swiglu_experts_backward",
+    "per_expert_mm",
     devices=("cpu", "cuda"),
     priority={"cpu": 20, "*": 5},
 )
@@ -277,9 +279,7 @@ def _per_expert_backward(grad_out, x, w1, w2, w3, num_tokens_per_expert, gate, u
         w1_e, w2_e, w3_e = (w[expert].to(mm_dtype) for w in (w1, w2, w3))
         x_e = x[start:end].to(mm_dtype)
         grad_out_e = grad_out[start:end].to(mm_dtype)
-        h_e, grad_gate_e, grad_up_e = (
-            t.to(mm_dtype) for t in _swiglu_grads(grad_out_e @ w2_e, gate[start:end], up[start:end])
-        )
+        h_e, grad_gate_e, grad_up_e = (t.to(mm_dtype) for t in _swiglu_grads(grad_out_e @ w2_e, gate[start:end], up[start:end]))
         grad_x[start:end] = torch.addmm(grad_gate_e @ w1_e, grad_up_e, w3_e)
         grad_w1[expert] = grad_gate_e.t() @ x_e
         grad_w3[expert] = grad_up_e.t() @ x_e

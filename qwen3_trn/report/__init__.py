@@ -42,8 +42,9 @@ def _notes(collection: Collection) -> list[str]:
     return notes
 
 
-def build_report(paths: list[Path | str], out_dir: Path | str | None = None, source: str = "auto",
-                 publish: bool = False, title: str | None = None) -> ReportResult:
+def build_report(
+    paths: list[Path | str], out_dir: Path | str | None = None, source: str = "auto", publish: bool = False, title: str | None = None
+) -> ReportResult:
     from qwen3_trn.report.render import make_plots, render_html, render_markdown, write_csv
 
     collection = collect([Path(p) for p in paths], source=source)
@@ -59,8 +60,14 @@ def build_report(paths: list[Path | str], out_dir: Path | str | None = None, sou
         published, line = publish_report(collection, title)
         notes.append(line)
     plots = make_plots(collection)
-    result = ReportResult(html=out / "report.html", markdown=out / "report.md", csv=out / "report.csv",
-                          collection=collection, notes=notes, published=published)
+    result = ReportResult(
+        html=out / "report.html",
+        markdown=out / "report.md",
+        csv=out / "report.csv",
+        collection=collection,
+        notes=notes,
+        published=published,
+    )
     write_text_atomic(result.html, render_html(collection, plots, notes))
     write_text_atomic(result.markdown, render_markdown(collection, plots, notes))
     write_csv(result.csv, collection)

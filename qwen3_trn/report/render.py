@@ -149,18 +149,49 @@ def _fmt(value: Any, digits: int = 4) -> str:
 
 
 def table_rows(collection: Collection) -> tuple[list[str], list[list[Any]]]:
-    header = ["run", "job", "status", *collection.swept_keys, "mode", "steps", "first_loss", "final_loss", "min_loss",
-              "tokens_per_s", "peak_memory_gib", "mfu_pct", "wall_time_s", "source", "wandb_run_id", "run_dir", "note"]
+    header = [
+        "run",
+        "job",
+        "status",
+        *collection.swept_keys,
+        "mode",
+        "steps",
+        "first_loss",
+        "final_loss",
+        "min_loss",
+        "tokens_per_s",
+        "peak_memory_gib",
+        "mfu_pct",
+        "wall_time_s",
+        "source",
+        "wandb_run_id",
+        "run_dir",
+        "note",
+    ]
     rows = []
     for run in collection.runs:
         f = run.figures
-        rows.append([
-            run.label, run.num if run.num is not None else "", run.status,
-            *(run.params.get(k, "") for k in collection.swept_keys),
-            run.backend or run.params.get("backend", ""), f.get("steps_logged", ""),
-            f.get("first_loss"), f.get("last_loss"), f.get("min_loss"), f.get("tokens_per_s"), f.get("peak_memory_gib"),
-            f.get("mfu_pct"), f.get("wall_time_s"), run.source, run.wandb_run_id or "", str(run.run_dir or ""), run.note,
-        ])
+        rows.append(
+            [
+                run.label,
+                run.num if run.num is not None else "",
+                run.status,
+                *(run.params.get(k, "") for k in collection.swept_keys),
+                run.backend or run.params.get("backend", ""),
+                f.get("steps_logged", ""),
+                f.get("first_loss"),
+                f.get("last_loss"),
+                f.get("min_loss"),
+                f.get("tokens_per_s"),
+                f.get("peak_memory_gib"),
+                f.get("mfu_pct"),
+                f.get("wall_time_s"),
+                run.source,
+                run.wandb_run_id or "",
+                str(run.run_dir or ""),
+                run.note,
+            ]
+        )
     return header, rows
 
 
@@ -251,9 +282,9 @@ def render_html(collection: Collection, plots: list[Plot], notes: list[str]) -> 
 <body>
 <h1>{esc(collection.title)}</h1>
 <p id="counts">{esc(_counts_line(_counts(collection), collection))}</p>
-{f'<ul class="notes">{notes_html}</ul>' if notes else ''}
+{f'<ul class="notes">{notes_html}</ul>' if notes else ""}
 <section id="plots">
-{figures or '<p>No trained run to plot.</p>'}
+{figures or "<p>No trained run to plot.</p>"}
 </section>
 <h2>Runs</h2>
 <table id="runs"><thead><tr>{head}</tr></thead>

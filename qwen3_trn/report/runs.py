@@ -95,9 +95,14 @@ def load_run(run_dir: Path, source: str = "auto", job: dict[str, Any] | None = N
     job = job or _read_json(run_dir / "job.json") or {}
     summary = _read_json(run_dir / "summary.json") or {}
     overrides = _read_overrides(run_dir)
-    run = RunData(run_dir=run_dir if run_dir.exists() else None, status=job.get("status") or summary.get("status") or "unknown",
-                  num=job.get("num"), backend=summary.get("backend"), wandb_run_id=summary.get("wandb_run_id") or job.get("wandb_run_id"),
-                  wandb_group=(summary.get("wandb") or {}).get("group"))
+    run = RunData(
+        run_dir=run_dir if run_dir.exists() else None,
+        status=job.get("status") or summary.get("status") or "unknown",
+        num=job.get("num"),
+        backend=summary.get("backend"),
+        wandb_run_id=summary.get("wandb_run_id") or job.get("wandb_run_id"),
+        wandb_group=(summary.get("wandb") or {}).get("group"),
+    )
     run.overrides = overrides if overrides is not None else list(job.get("overrides", []))
     run.note = job.get("reason") or job.get("error") or ""
 
@@ -184,8 +189,10 @@ def collect(paths: list[Path], source: str = "auto") -> Collection:
             seen.add(run_dir.resolve())
             runs.append(load_run(run_dir, source))
     if not runs:
-        raise ReportError(f"no runs found in {', '.join(map(str, paths))} (a run directory holds summary.json / metrics.jsonl; "
-                          "a sweep directory holds manifest.json)")
+        raise ReportError(
+            f"no runs found in {', '.join(map(str, paths))} (a run directory holds summary.json / metrics.jsonl; "
+            "a sweep directory holds manifest.json)"
+        )
     for run in runs:
         if run.wandb_group and run.wandb_group not in groups and run.status == "completed":
             groups.append(run.wandb_group)

@@ -46,7 +46,7 @@ def iter_record_bytes(path: Path) -> Iterator[bytes]:
             continue
         checksum, length, kind = CHUNK.unpack_from(data, pos)
         pos += CHUNK.size
-        chunk = data[pos:pos + length]
+        chunk = data[pos : pos + length]
         pos += length
         if kind not in _TYPE_CRC or len(chunk) < length:
             break  # a run still being written, or padding

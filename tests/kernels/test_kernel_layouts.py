@@ -97,8 +97,11 @@ def test_row_and_block_activations_round_trip_exactly():
 def test_max_num_blocks_is_the_worst_case_over_all_routings():
     for rows, experts, block in itertools.product(range(0, 9), (1, 2, 3), (1, 2, 3)):
         worst = max(
-            (sum(math.ceil(c / block) for c in split)
-             for split in itertools.product(range(rows + 1), repeat=experts) if sum(split) == rows),
+            (
+                sum(math.ceil(c / block) for c in split)
+                for split in itertools.product(range(rows + 1), repeat=experts)
+                if sum(split) == rows
+            ),
             default=0,
         )
         assert max_num_blocks(rows, experts, block) == worst, (rows, experts, block)
@@ -177,5 +180,6 @@ def test_rope_layout_op_gradients_and_fake_kernel():
     assert torch.autograd.gradcheck(lambda t: rope_interleaved_to_half_split(t, 1), (x,))
     assert torch.autograd.gradcheck(lambda t: rope_half_split_to_interleaved(t, 1), (x,))
     op = KERNELS.select_kernel("rope_interleaved_to_half_split", "auto", "cpu").op
-    torch.library.opcheck(op, (torch.randn(3, 8, requires_grad=True), 1),
-                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    torch.library.opcheck(
+        op, (torch.randn(3, 8, requires_grad=True), 1), test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
+    )

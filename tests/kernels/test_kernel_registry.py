@@ -22,10 +22,16 @@ def _scale_registry(namespace: str) -> tuple[KernelRegistry, dict[str, int]]:
     def backward(ctx, grad, *, backward_kernel):
         return backward_kernel(grad)
 
-    registry.declare_op(OpDeclaration(
-        name="scale", schema="(Tensor x) -> Tensor", fake=torch.empty_like,
-        setup_context=setup_context, backward=backward, backward_op="scale_backward",
-    ))
+    registry.declare_op(
+        OpDeclaration(
+            name="scale",
+            schema="(Tensor x) -> Tensor",
+            fake=torch.empty_like,
+            setup_context=setup_context,
+            backward=backward,
+            backward_op="scale_backward",
+        )
+    )
     registry.declare_op(OpDeclaration(name="scale_backward", schema="(Tensor g) -> Tensor", fake=torch.empty_like))
 
     def vendor_probe():
@@ -34,12 +40,10 @@ def _scale_registry(namespace: str) -> tuple[KernelRegistry, dict[str, int]]:
 
     for op_name, factor in (("scale", 2.0), ("scale_backward", 2.0)):
         registry.register_kernel(op_name, "slow", devices=("cpu", "cuda"), priority=1)(lambda x, f=factor: x * f)
-        registry.register_kernel(op_name, "fast", devices=("cpu",), priority={"cpu": 5, "*": 0})(
-            lambda x, f=factor: x.mul(f)
+        registry.register_kernel(op_name, "fast", devices=("cpu",), priority={"cpu": 5, "*": 0})(lambda x, f=factor: x.mul(f))
+        registry.register_kernel(op_name, "vendor", devices=("cpu", "neuron"), available=vendor_probe, priority=100, portable=False)(
+            lambda x, f=factor: x * f
         )
-        registry.register_kernel(
-            op_name, "vendor", devices=("cpu", "neuron"), available=vendor_probe, priority=100, portable=False
-        )(lambda x, f=factor: x * f)
     return registry, probe_calls
 
 
@@ -80,8 +84,9 @@ def test_registration_errors():
     with pytest.raises(ValueError, match="already declared"):
         registry.declare_op(OpDeclaration(name="scale", schema="(Tensor x) -> Tensor", fake=torch.empty_like))
     with pytest.raises(ValueError, match="backward_op"):
-        OpDeclaration(name="x", schema="(Tensor x) -> Tensor", fake=torch.empty_like,
-                      setup_context=lambda *a: None, backward=lambda *a: None)
+        OpDeclaration(
+            name="x", schema="(Tensor x) -> Tensor", fake=torch.empty_like, setup_context=lambda *a: None, backward=lambda *a: None
+        )
 
 
 def test_each_kernel_is_its_own_torch_op_with_the_shared_autograd():
