@@ -124,9 +124,10 @@ def test_moe_grid_sweep_tracks_every_job_and_reports(tmp_path):
 @pytest.mark.slow
 def test_failing_job_does_not_stop_the_sweep(tmp_path):
     """Job order: two dense jobs where model.top_k does not apply (skipped), a job that fails in
-    training (unknown optimizer), then one that must still train."""
+    training (a torchtitan field set through the escape hatch to a dtype it does not know), then
+    one that must still train."""
     sweep_dir = tmp_path / "sweep"
-    args = ["model=tiny,tiny_moe", "model.top_k=1", "optimizer.name=Bogus,AdamW", *TINY]
+    args = ["model=tiny,tiny_moe", "model.top_k=1", "+titan.training.mixed_precision_reduce=bogus,float32", *TINY]
     result = run_sweep(["-m", *args], sweep_dir)
     assert result.returncode == 1, _explain(result)
     manifest = manifest_of(sweep_dir)
@@ -138,8 +139,8 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path):
         assert jobs[n]["error_key"] == "model.top_k" and "dense flavor" in jobs[n]["reason"]
         assert not (Path(jobs[n]["run_dir"]) / "config.yaml").exists()
     failed = jobs[2]
-    assert failed["overrides"] == ["model=tiny_moe", "model.top_k=1", "optimizer.name=Bogus", *TINY]
-    assert "Bogus" in failed["error"] and Path(failed["log"]).is_file()
+    assert failed["overrides"] == ["model=tiny_moe", "model.top_k=1", "+titan.training.mixed_precision_reduce=bogus", *TINY]
+    assert "bogus" in failed["error"] and Path(failed["log"]).is_file()
     assert "Traceback" in Path(failed["log"]).read_text()
     assert failed["rerun"].startswith("python -m qwen3_trn hydra.mode=RUN model=tiny_moe")
     assert manifest["rerun_failed"] == [failed["rerun"]]
@@ -152,7 +153,7 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path):
     # the console summary: one line per job, skips and the failure with its log
     out = result.stdout
     assert re.search(r"#0 skipped .*does not apply: model.top_k", out)
-    assert re.search(r"#2 FAILED .*Bogus.*log: .*error.log", out)
+    assert re.search(r"#2 FAILED .*bogus.*log: .*error.log", out)
     assert re.search(r"#3 completed .*loss", out)
     assert "1 of 4 jobs failed" in result.stderr
     html = (sweep_dir / "report.html").read_text()

@@ -91,7 +91,7 @@ def test_only_the_metrics_rank_starts_wandb(tmp_path, monkeypatch):
     import torch.distributed as dist
     from torchtitan.components.metrics import WandBLogger
 
-    from qwen3_trn import metrics, tracking
+    from qwen3_trn import metrics
 
     started = []
 
@@ -102,7 +102,7 @@ def test_only_the_metrics_rank_starts_wandb(tmp_path, monkeypatch):
         def close(self):
             pass
 
-    monkeypatch.setattr(tracking, "start_wandb", lambda run_dir, info: started.append(run_dir.name) or FakeRun())
+    monkeypatch.setattr(metrics, "start_wandb", lambda run_dir, info: started.append(run_dir.name) or FakeRun())
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     layouts = {"dp2": SimpleNamespace(pp_enabled=False, dp_replicate=1, dp_shard=2, world_size=2, pp=1),
                "pp2": SimpleNamespace(pp_enabled=True, dp_replicate=1, dp_shard=2, world_size=4, pp=2)}

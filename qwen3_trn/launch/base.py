@@ -58,7 +58,8 @@ class Launcher:
         sweep waits for all its jobs at its end)."""
         raise NotImplementedError
 
-    def refresh(self, run_dirs: list[Path], wait: bool = False) -> list[dict[str, Any]]:
+    @classmethod
+    def refresh(cls, run_dirs: list[Path], wait: bool = False) -> list[dict[str, Any]]:
         """Bring the summaries of runs this launcher started elsewhere up to date; returns them.
         Local runs have nothing to refresh."""
         return []

@@ -129,5 +129,6 @@ class SlurmLauncher(Launcher):
             return RunStatus.submitted
         return wait_for_run(run_dir)
 
-    def refresh(self, run_dirs: list[Path], wait: bool = False) -> list[dict[str, Any]]:
+    @classmethod
+    def refresh(cls, run_dirs: list[Path], wait: bool = False) -> list[dict[str, Any]]:
         return wait_for_runs(run_dirs) if wait else refresh_runs(run_dirs)
