@@ -146,7 +146,8 @@ class NkiMoeBackendConfig(BackendConfig):
 class ModelConfig:
     """A torchtitan Qwen3 flavor plus architecture overrides (None keeps the flavor's value)."""
 
-    flavor: str = "debugmodel"
+    # the model group sets it (model=<flavor or preset>)
+    flavor: str = MISSING
     n_layers: Optional[int] = None
     dim: Optional[int] = None
     n_heads: Optional[int] = None
