@@ -2,7 +2,7 @@
 
 An operator is declared once (:class:`OpDeclaration`): its schema, its fake kernel (output
 metadata for ``torch.compile``/meta tensors) and its autograd formula. Implementations
-(``nki``, ``grouped_mm``, ``per_expert_mm``, ...) are registered against it with
+(``nki``, ``grouped_mm``, ``padded_bmm``, ...) are registered against it with
 :func:`register_kernel`, each with the device types it runs on, an availability probe and a
 priority used by ``auto``.
 
