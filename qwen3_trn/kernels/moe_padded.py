@@ -12,15 +12,17 @@ for a descheduled thread, and that, not the FLOPs, set the layer's time
 (``benchmarks/moe_kernels.py``). A handful of batched calls does the same work in one region
 each.
 
-The capacity ``C`` is the largest group, bounded by ``CAPACITY_FACTOR`` x the mean group so that
-skewed routing cannot blow up the padded compute; rows of an expert beyond ``C`` (only under
-such skew) are computed by per-expert matmuls on their row slices. Reads the counts on the host
-once per call (free on CPU).
+The capacity ``C`` is chosen per call from the counts: rows of an expert beyond ``C`` are computed
+by per-expert matmuls on their row slices, so ``C`` trades padded rows (``E * C``, computed on
+zeros) against per-expert launches (each worth ``GROUP_LAUNCH_ROWS`` rows of compute, a
+measured-order-of-magnitude figure). Balanced routing gets ``C`` near the largest group and no
+per-expert work; collapsed routing (a few experts holding most rows, as early training here
+does) gets a small ``C`` and large, efficient matmuls for the few full experts. Reads the counts
+on the host once per call (free on CPU).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -34,10 +36,28 @@ from .moe import (
 )
 from .registry import register_kernel
 
-__all__ = ["CAPACITY_FACTOR", "PaddedExpertRows"]
+__all__ = ["GROUP_LAUNCH_ROWS", "PaddedExpertRows", "padded_capacity"]
 
-# Most padded rows per routed row: C <= CAPACITY_FACTOR * R / E.
-CAPACITY_FACTOR = 2.0
+# The cost of one expert's per-expert matmuls beyond their FLOPs, in rows of compute.
+GROUP_LAUNCH_ROWS = 64
+
+
+def padded_capacity(counts: list[int]) -> int:
+    """The ``C`` minimising ``E * C + sum(max(n_e - C, 0)) + GROUP_LAUNCH_ROWS * #{e: n_e > C}``.
+
+    The minimum lies at one of the counts or at 0; with the counts sorted descending, the experts
+    above the candidate ``d[k]`` (the first of its ties) are exactly the first ``k``.
+    """
+    experts = len(counts)
+    descending = sorted(counts, reverse=True) + [0]
+    best, best_cost, above = 0, float("inf"), 0  # above: sum of the first k counts
+    for k, candidate in enumerate(descending):
+        if k == 0 or descending[k - 1] != candidate:
+            cost = experts * candidate + (above - k * candidate) + GROUP_LAUNCH_ROWS * k
+            if cost < best_cost:
+                best, best_cost = candidate, cost
+        above += candidate
+    return best
 
 
 @dataclass(frozen=True)
@@ -60,8 +80,7 @@ class PaddedExpertRows:
         if sum(counts) != num_rows:
             raise ValueError(f"num_tokens_per_expert sums to {sum(counts)}, but x has {num_rows} rows")
         experts = len(counts)
-        bound = max(1, math.ceil(CAPACITY_FACTOR * num_rows / experts))
-        capacity = max(1, min(max(counts, default=0), bound))
+        capacity = padded_capacity(counts)
         device = num_tokens_per_expert.device
         counts_t = num_tokens_per_expert.to(torch.int64)
         expert_of_row = torch.repeat_interleave(torch.arange(experts, device=device), counts_t, output_size=num_rows)
@@ -84,11 +103,11 @@ class PaddedExpertRows:
         if self.rows_in_capacity is not None:
             rows = rows.index_select(0, self.rows_in_capacity)
         padded = rows.new_zeros(self.num_experts * self.capacity, rows.shape[1])
-        return padded.index_copy_(0, self.position, rows).view(self.num_experts, self.capacity, -1)
+        return padded.index_copy_(0, self.position, rows).view(self.num_experts, self.capacity, rows.shape[1])
 
     def gather(self, padded: torch.Tensor) -> torch.Tensor:
         """``[E, C, K]`` -> ``[R, K]``; rows beyond capacity are left for the caller to fill."""
-        flat = padded.view(self.num_experts * self.capacity, -1)
+        flat = padded.flatten(0, 1)
         if self.rows_in_capacity is None:
             return flat.index_select(0, self.position)
         rows = flat.new_empty(self.num_rows, flat.shape[1])
