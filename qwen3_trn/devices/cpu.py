@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import torch
 from torchtitan.protocols.model_spec import ModelSpec
 
+from qwen3_trn.devices.cpu_allocator import retain_freed_memory
 from qwen3_trn.records import cache_dir
 
 _PROC_STATUS = Path("/proc/self/status")
@@ -150,6 +151,8 @@ def measured_peak_flops(dtype_name: str) -> float:
 def activate(compute_dtype: str = "float32") -> None:
     """Point torchtitan at the CPU. Idempotent."""
     import importlib
+
+    retain_freed_memory()
 
     module = CpuDeviceModule()
     for name in _MODULES_HOLDING_DEVICE_NAMES:
