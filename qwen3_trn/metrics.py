@@ -5,6 +5,10 @@ metrics rank: one JSON line per logged step in ``metrics.jsonl`` (the run's own 
 read by reports), a progress view on the console and, when ``logger.backends`` has wandb, the
 project's own wandb run (``qwen3_trn.tracking``, in place of torchtitan's env-var-only
 ``WandBLogger``). Its ``close`` writes ``summary.json``.
+
+Validation (``qwen3_trn.validation``) runs right after the training step it follows: its
+held-out figures (``val_loss``, ``val_perplexity``) join that step's line in metrics.jsonl and
+its wandb row, and get a line of their own in the console progress.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from typing import Any
 
 from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor
 
+from qwen3_trn.hf.export import latest_hf_export
 from qwen3_trn.run_summary import summarize  # noqa: F401 - light module, shared with reports
+from qwen3_trn.validation import VALIDATION_LOSS, is_validation_step, validation_record
 
 # torchtitan metric name -> name in metrics.jsonl
 _RENAMES = {
@@ -57,24 +63,49 @@ def _record(metrics: dict[str, Any], step: int, data_parallel: int, launch_time:
 
 
 class JsonlLogger(BaseLogger):
-    """Appends one JSON line per logged step and keeps what the summary needs."""
+    """Appends one JSON line per logged step and keeps what the summary needs.
 
-    def __init__(self, path: Path, data_parallel: int, launch_time: float | None) -> None:
+    At a step that a validation follows (``validates(step)``), the line waits for it and is
+    written with the held-out figures merged in; every other line is written at once.
+    """
+
+    def __init__(self, path: Path, data_parallel: int, launch_time: float | None, validates=lambda step: False) -> None:
         self.path = path
         self.data_parallel = data_parallel
         self.launch_time = launch_time
+        self.validates = validates
         self.records: list[dict[str, Any]] = []
+        self._pending: dict[str, Any] | None = None
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = path.open("a", buffering=1)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
+        if VALIDATION_LOSS in metrics:
+            record = self._pending if self._pending is not None and self._pending["step"] == step else {"step": step}
+            self._pending = None
+            record.update(validation_record(metrics))
+            self._write(record)
+            return
         if "loss_metrics/global_avg_loss" not in metrics:
             return
+        self.flush()
         record = _record(metrics, step, self.data_parallel, self.launch_time)
+        if self.validates(step):
+            self._pending = record
+        else:
+            self._write(record)
+
+    def _write(self, record: dict[str, Any]) -> None:
         self.records.append(record)
         self._file.write(json.dumps(record) + "\n")
 
+    def flush(self) -> None:
+        if self._pending is not None:
+            self._write(self._pending)
+            self._pending = None
+
     def close(self) -> None:
+        self.flush()
         self._file.close()
 
 
@@ -95,15 +126,24 @@ class ProgressLogger(BaseLogger):
                 MofNCompleteColumn(),
                 BarColumn(),
                 TextColumn("loss [green]{task.fields[loss]:.4f}"),
+                TextColumn("val [magenta]{task.fields[val_loss]:.4f}"),
                 TextColumn("[blue]{task.fields[tps]:,.0f} tok/s"),
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
                 transient=False,
             )
-            self._task = self._progress.add_task("train", total=total_steps, loss=math.nan, tps=0.0)
+            self._task = self._progress.add_task("train", total=total_steps, loss=math.nan, val_loss=math.nan, tps=0.0)
             self._progress.start()
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
+        if VALIDATION_LOSS in metrics:
+            held_out = validation_record(metrics)
+            if self._progress is not None:
+                self._progress.update(self._task, val_loss=held_out["val_loss"])
+            else:
+                print(f"step {step:>5}/{self.total_steps}  val_loss {held_out['val_loss']:8.4f}  "
+                      f"perplexity {held_out['val_perplexity']:10,.2f}", flush=True)
+            return
         if "loss_metrics/global_avg_loss" not in metrics:
             return
         loss = float(metrics["loss_metrics/global_avg_loss"])
@@ -135,6 +175,8 @@ class WandbMetricsLogger(BaseLogger):
     def log(self, metrics: dict[str, Any], step: int) -> None:
         if "loss_metrics/global_avg_loss" in metrics:
             self.run.log(metrics, step, _record(metrics, step, self.data_parallel, self.launch_time))
+        elif VALIDATION_LOSS in metrics:
+            self.run.log(metrics, step, validation_record(metrics))
         else:
             self.run.log(metrics, step)
 
@@ -154,10 +196,25 @@ class RunMetricsProcessor(MetricsProcessor):
         run_info: dict[str, Any] = field(default_factory=dict)
         """Facts recorded verbatim in summary.json (backend, device, kernel, world size...)."""
 
+        validation_interval: int = 0
+        """validation.interval when validation is on (its lines wait for it), else 0."""
+
+        hf_export_dir: str = ""
+        """Where the Hugging Face exports go (checkpoint=hf_export); the last one is named in summary.json."""
+
     def __init__(self, config: Config, **kwargs: Any) -> None:
         self._jsonl: JsonlLogger | None = None
         self._wandb = None
+        self._validation_tokens: dict[str, Any] = {}
         super().__init__(config, **kwargs)
+
+    def record_validation_tokens(self, sha256: str, tokens: int) -> None:
+        """Called by ``RunValidator``: which tokens the held-out figures were computed on."""
+        self._validation_tokens = {"validation_tokens_sha256": sha256, "validation_tokens": tokens}
+
+    def _validates(self, step: int) -> bool:
+        interval = self.config.validation_interval
+        return interval > 0 and is_validation_step(step, interval, self.config.total_steps)
 
     def _build_metric_logger(self, *, config: Config, parallel_dims, **kwargs: Any) -> BaseLogger:
         import torch.distributed as dist
@@ -174,7 +231,7 @@ class RunMetricsProcessor(MetricsProcessor):
         data_parallel = parallel_dims.dp_replicate * parallel_dims.dp_shard
         launch = os.environ.get("QWEN3_TRN_LAUNCH_TIME")
         launch_time = float(launch) if launch else None
-        self._jsonl = JsonlLogger(Path(config.run_dir) / "metrics.jsonl", data_parallel, launch_time)
+        self._jsonl = JsonlLogger(Path(config.run_dir) / "metrics.jsonl", data_parallel, launch_time, self._validates)
         container.add_logger(self._jsonl)
         if use_wandb:
             from qwen3_trn.tracking import start_wandb
@@ -187,10 +244,15 @@ class RunMetricsProcessor(MetricsProcessor):
         return container
 
     def close(self) -> None:
-        run_info = dict(self.config.run_info)
+        run_info = {**self.config.run_info, **self._validation_tokens}
+        export = latest_hf_export(self.config.hf_export_dir)
+        if export is not None:
+            run_info["hf_export"] = str(export)
+        if self._jsonl is not None:
+            self._jsonl.flush()
         if self._wandb is not None:
             if self._jsonl is not None:
-                self._wandb.set_summary(summarize(self._jsonl.records))
+                self._wandb.set_summary({**summarize(self._jsonl.records), **self._validation_tokens})
             run_info["wandb_run"] = self._wandb.info()
         super().close()
         if self._jsonl is not None:

@@ -19,8 +19,10 @@ from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.convert import architecture, to_trainer_config, tokenizer_path
 from qwen3_trn.devices import DEVICES, DeviceSpec, planned_device, probe_device, resolve_device
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.hf.export import check_hf_export
 from qwen3_trn.layout import Layout, resolve_layout
 from qwen3_trn.models.architecture import Qwen3Architecture
+from qwen3_trn.validation import check_validation
 
 MODES = ("train", "plan", "check")
 COMPILE_BACKENDS = ("off", "inductor", "aot_eager", "neuron")
@@ -176,6 +178,8 @@ def prepare(cfg: RunConfig) -> Prepared:
     layout = _layout(cfg, device)
     arch = architecture(cfg)
     _check_training(cfg, arch, layout)
+    check_validation(cfg.validation, cfg.training.seq_len, arch.max_seq_len, pipeline_parallel=layout.pp > 1)
+    check_hf_export(cfg.checkpoint)
     _check_tokenizer(cfg, arch)
     backend.validate(cfg, arch, device)
     try:
