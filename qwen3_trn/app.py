@@ -62,6 +62,8 @@ def _print_summary(summary: dict) -> None:
         ("backend / device", f"{summary.get('backend')} / {summary.get('device')}" + (f" / kernel {summary['kernel']}" if "kernel" in summary else "")),
         ("steps", f"{summary.get('first_step')} -> {summary.get('last_step')}"),
         ("loss first -> last", f"{summary.get('first_loss', float('nan')):.4f} -> {summary.get('last_loss', float('nan')):.4f}"),
+        *([("val loss (perplexity)", f"{summary['val_loss']:.4f} ({summary['val_perplexity']:,.1f}) at step {summary['val_step']}")]
+          if "val_loss" in summary else []),
         ("tokens/s", f"{summary.get('tokens_per_s', 0):,.0f}"),
         ("peak memory", f"{summary.get('peak_memory_gib', 0):.2f} GiB"),
         ("wall time", f"{summary.get('wall_time_s', 0):.1f} s"),
@@ -72,6 +74,8 @@ def _print_summary(summary: dict) -> None:
         table.add_row(name, value)
     console.print(table)
     console.print(f"outputs: {summary.get('run_dir')}", soft_wrap=True)
+    if summary.get("hf_export"):
+        console.print(f"Hugging Face model: {summary['hf_export']}", soft_wrap=True)
 
 
 def _check_in_subprocess(run_dir: Path) -> dict:

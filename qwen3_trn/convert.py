@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig
 from torchtitan.config import CompileConfig as TitanCompileConfig
@@ -29,9 +28,11 @@ from qwen3_trn.data.embedded import ensure_assets, tokenizer_dir
 from qwen3_trn.data.sources import resolve_dataset
 from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.hf.export import HFExportCheckpointManager
 from qwen3_trn.layout import Layout
 from qwen3_trn.metrics import RunMetricsProcessor
 from qwen3_trn.models.architecture import Qwen3Architecture
+from qwen3_trn.validation import validator_config
 
 ACTIVATION_CHECKPOINTING = {"none": lambda: None, "selective": SelectiveAC.Config, "full": FullAC.Config}
 
@@ -86,12 +87,14 @@ def resume_checkpoint(checkpoint: CheckpointConfig) -> str | None:
     )
 
 
-def _checkpoint(cfg: RunConfig) -> CheckpointManager.Config:
+def _checkpoint(cfg: RunConfig, arch: Qwen3Architecture) -> HFExportCheckpointManager.Config:
     ckpt = cfg.checkpoint
     resume = resume_checkpoint(ckpt)
     initial_load_path = resume or ckpt.initial_load_path
-    return CheckpointManager.Config(
-        enable=ckpt.enable or initial_load_path is not None,
+    return HFExportCheckpointManager.Config(
+        # torchtitan's manager saves nothing unless enabled, so the HF export alone enables it too.
+        enable=ckpt.enable or initial_load_path is not None or ckpt.hf_export,
+        dcp=ckpt.enable or initial_load_path is not None,
         folder=ckpt.folder,
         interval=ckpt.interval,
         keep_latest_k=ckpt.keep_latest_k,
@@ -100,9 +103,13 @@ def _checkpoint(cfg: RunConfig) -> CheckpointManager.Config:
         # torchtitan warns about this flag whenever no initial_load_path is set.
         initial_load_model_only=initial_load_path is not None and resume is None,
         initial_load_in_hf=ckpt.initial_load_in_hf and resume is None,
-        last_save_in_hf=ckpt.last_save_in_hf,
-        last_save_model_only=ckpt.last_save_in_hf,
+        last_save_model_only=False,
         export_dtype=str(ckpt.export_dtype),
+        hf_export=ckpt.hf_export,
+        hf_interval=ckpt.hf_interval,
+        hf_folder=ckpt.hf_folder,
+        hf_config=get_backend(cfg.backend.name).hf_config(cfg, arch) if ckpt.hf_export else {},
+        tokenizer_dir=tokenizer_path(cfg),
     )
 
 
@@ -159,6 +166,8 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
             run_dir=cfg.output_dir,
             total_steps=training.steps,
             run_info=run_info(cfg, device, layout, arch),
+            validation_interval=cfg.validation.interval if cfg.validation.enable else 0,
+            hf_export_dir=str(Path(cfg.output_dir) / cfg.checkpoint.hf_folder) if cfg.checkpoint.hf_export else "",
         ),
         loss=ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=arch.vocab_size)),
         dataloader=HuggingFaceTextDataLoader.Config(
@@ -192,7 +201,8 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
             pipeline_parallel_microbatch_size=cfg.parallelism.pp_microbatch_size,
             fsdp_reshard_after_forward=str(cfg.parallelism.fsdp_reshard_after_forward),
         ),
-        checkpoint=_checkpoint(cfg),
+        checkpoint=_checkpoint(cfg, arch),
+        validator=validator_config(cfg.validation, cfg.data, last_step=training.steps, num_workers=cfg.data.num_workers),
         activation_checkpoint=ACTIVATION_CHECKPOINTING[training.activation_checkpoint](),
         compile=TitanCompileConfig(
             enable=compile_enabled,

@@ -19,8 +19,10 @@ from qwen3_trn.config.schema import LocalLauncherConfig, Mode, RunConfig
 from qwen3_trn.convert import architecture, to_trainer_config, tokenizer_path
 from qwen3_trn.devices import DEVICES, DeviceSpec, planned_device, probe_device, resolve_device
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.hf.export import check_hf_export
 from qwen3_trn.layout import Layout, resolve_layout
 from qwen3_trn.models.architecture import Qwen3Architecture
+from qwen3_trn.validation import check_validation
 
 
 @dataclass
@@ -140,6 +142,8 @@ def resolve(cfg: RunConfig, ranks_here: bool = True) -> Resolved:
     layout = resolve_layout(cfg.parallelism, cfg.launcher.nnodes, _nproc_per_node(cfg, device, ranks_here))
     arch = architecture(cfg)
     _check_training(cfg, arch, layout)
+    check_validation(cfg.validation, cfg.training.seq_len, arch.max_seq_len, pipeline_parallel=layout.pp > 1)
+    check_hf_export(cfg.checkpoint)
     _check_tokenizer(cfg, arch)
     backend.validate(cfg, arch, device)
     return Resolved(cfg=cfg, device=device, layout=layout, arch=arch)

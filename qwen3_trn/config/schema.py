@@ -203,6 +203,13 @@ class DataConfig:
     text_column: str = "text"
     streaming: bool = False
     num_workers: int = 0
+    # Held-out text for validation (qwen3_trn.data.sources). embedded ships its own and c4 has
+    # torchtitan's validation split; files/hub take, in this order: val_path (local files, as
+    # path), val_split (hub: a split of the same dataset), else val_fraction of the documents,
+    # which training then never sees (0: none held out).
+    val_path: Optional[str] = None
+    val_split: Optional[str] = None
+    val_fraction: float = 0.01
 
 
 @dataclass
@@ -247,8 +254,27 @@ class CheckpointConfig:
     # Weights to start from (DCP folder, or HF safetensors folder with initial_load_in_hf).
     initial_load_path: Optional[str] = None
     initial_load_in_hf: bool = False
-    last_save_in_hf: bool = False
+    # Hugging Face model folders <run dir>/<hf_folder>/step-N (config.json, tokenizer, generation
+    # config, safetensors in export_dtype) at the last step, and every hf_interval steps if > 0.
+    hf_export: bool = False
+    hf_interval: int = 0
+    hf_folder: str = "hf"
     export_dtype: DType = DType.float32
+
+
+@dataclass
+class ValidationConfig:
+    """Held-out loss through torchtitan's Validator (``qwen3_trn.validation``): after step 1,
+    every ``interval`` steps and at the last step, on the same tokens each time."""
+
+    enable: bool = True
+    interval: int = 10
+    # Batches per validation; -1: the whole held-out split.
+    steps: int = 4
+    # None: training's (set both when sweeping training.seq_len or the batch size, so that every
+    # job of the sweep evaluates the same tokens).
+    local_batch_size: Optional[int] = None
+    seq_len: Optional[int] = None
 
 
 @dataclass
@@ -358,6 +384,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     launcher: LauncherConfig = field(default_factory=LocalLauncherConfig)
