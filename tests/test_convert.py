@@ -57,6 +57,8 @@ def test_cpu_gets_sdpa_and_gloo_safe_fsdp(tmp_path):
     assert tc.model_spec.parallelize_fn.__wrapped__ is parallelize_qwen3
     # no CUDA graphs to replay: gradients are freed between steps, not zero-filled
     assert tc.training.disable_cuda_graphs
+    # one rank (parallelism=single): the bf16 parameter copies are kept for backward
+    assert tc.parallelism.fsdp_reshard_after_forward == "never"
 
 
 def test_cuda_plan_keeps_flex_attention_and_torchtitan_parallelize(tmp_path):
@@ -65,6 +67,7 @@ def test_cuda_plan_keeps_flex_attention_and_torchtitan_parallelize(tmp_path):
     assert tc.model_spec.parallelize_fn is parallelize_qwen3
     assert tc.parallelism.data_parallel_shard_degree == 8
     assert not tc.training.disable_cuda_graphs
+    assert tc.parallelism.fsdp_reshard_after_forward == "default"
 
 
 def test_parallel_degrees_and_the_rest(tmp_path):
