@@ -215,7 +215,11 @@ def profile_one(overrides: list[str], warmup: int, steps: int, top: int, region_
             trainer.close()
     regions, per_op = breakdown(prof.events(), seconds, steps)
     tokens = cfg.training.local_batch_size * cfg.training.seq_len
+    metrics = trainer.metrics_processor
     return {
+        "flops_per_token": metrics.num_flops_per_token,
+        "peak_flops": metrics.gpu_peak_flops,
+        "parameters": sum(p.numel() for p in trainer.model_parts[0].parameters()),
         "overrides": overrides,
         "profiled_step_s": seconds,
         "step_s": statistics.median(plain),
@@ -244,6 +248,13 @@ def print_report(name: str, result: dict) -> None:
     moe_ms = sum(regions.get(r, 0.0) for r in MOE_REGIONS)
     if moe_ms:
         print(f"{'  MoE layers in all':38s} {moe_ms:9.1f} {100 * moe_ms / step_ms:6.1f}%")
+    # Per-parameter work (FSDP's casts and reduce, the optimizer) scales with the parameter count,
+    # not with the tokens: apart from it, the step is the model's forward and backward.
+    per_parameter = (regions.get(FSDP, 0.0) + regions.get(OPTIMIZER, 0.0)) / step_ms
+    mfu = 100 * result["flops_per_token"] * result["tokens_per_s"] / result["peak_flops"]
+    print(f"{result['parameters'] / 1e6:.1f} M parameters, {result['flops_per_token'] / 1e6:.1f} MFLOP per token; "
+          f"MFU {mfu:.1f} % (unprofiled step); per-parameter work (FSDP + optimizer) {100 * per_parameter:.0f} % "
+          f"of the step; MFU of the rest {mfu / (1 - per_parameter):.1f} %")
     print(f"\n{'top operators (self time)':52s} {'calls':>6s} {'ms/step':>9s} {'share':>7s}")
     for op, calls, ms in result["top_ops"]:
         print(f"{op[:52]:52s} {calls:6.0f} {ms:9.1f} {100 * ms / step_ms:6.1f}%")

@@ -189,6 +189,9 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
             dtype=str(training.dtype),
             mixed_precision_param=param_dtype(cfg, device),
             gc_freq=training.gc_freq,
+            # Only CUDA replays CUDA graphs; elsewhere torchtitan's default would still keep every
+            # gradient allocated and zero-filled for replay (zero_grad(set_to_none=False)).
+            disable_cuda_graphs=device.type != "cuda",
         ),
         parallelism=TitanParallelismConfig(
             data_parallel_replicate_degree=layout.dp_replicate,

@@ -112,7 +112,7 @@ def test_verify_command_line(tmp_path):
     """python -m qwen3_trn.verify on a run without an export: a clear error, exit 2."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "config.yaml").write_text(f"output_dir: {run_dir}\n")  # a run that was never trained
+    (run_dir / "config.yaml").write_text(f"output_dir: {run_dir}\nmodel:\n  flavor: debugmodel\n")  # a run that was never trained
     done = subprocess.run([sys.executable, "-m", "qwen3_trn.verify", str(run_dir)], cwd=REPO, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 2 and "no Hugging Face export found" in done.stderr

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
 
 from qwen3_trn.config.schema import OPTION_SCHEMAS, RunConfig
 from qwen3_trn.errors import ConfigError
@@ -34,7 +34,10 @@ def run_config_from_container(plain: dict[str, Any]) -> RunConfig:
         raise ConfigError(key, f"{str(exc).splitlines()[0]}. {FIX}") from None
     except OmegaConfBaseException as exc:
         raise ConfigError(getattr(exc, "full_key", None) or "config", str(exc).splitlines()[0]) from None
-    return OmegaConf.to_object(merged)
+    try:
+        return OmegaConf.to_object(merged)
+    except MissingMandatoryValue as exc:
+        raise ConfigError(exc.full_key or "config", "has no value; set it (e.g. model=<preset> chooses model.flavor).") from None
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
