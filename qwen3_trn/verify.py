@@ -1,6 +1,6 @@
 """Does a run's Hugging Face export compute what torchtitan trained?
 
-``python -m qwen3_trn.verify <run dir> [--export DIR] [--atol 1e-4] [--moe-rtol 0.02]``
+``python -m qwen3_trn.verify <run dir> [--export DIR] [--atol 1e-4] [--moe-rtol 0.01]``
 
 1. loads the export folder (``<run dir>/hf/step-N`` by default, the last one) exactly as a user
    does: ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained``, in a
