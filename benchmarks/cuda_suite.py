@@ -36,9 +36,17 @@ REPO = Path(__file__).resolve().parents[1]
 # What every case shares: one GPU, FSDP (torchtitan applies it at one rank too), bf16 params,
 # compile, flex attention, long sequences, and enough steps for a steady state after compile.
 COMMON = (
-    "device=cuda", "parallelism=fsdp", "launcher.nproc_per_node=1", "training.dtype=float32",
-    "training.mixed_precision_param=bfloat16", "compile=inductor", "model.attention=flex",
-    "training.seq_len=2048", "training.local_batch_size=4", "training.steps=30", "data=embedded",
+    "device=cuda",
+    "parallelism=fsdp",
+    "launcher.nproc_per_node=1",
+    "training.dtype=float32",
+    "training.mixed_precision_param=bfloat16",
+    "compile=inductor",
+    "model.attention=flex",
+    "training.seq_len=2048",
+    "training.local_batch_size=4",
+    "training.steps=30",
+    "data=embedded",
     "logger=none",
 )
 
@@ -101,8 +109,10 @@ def main() -> None:
             print(f"{case.name:16s} {'-':>10s} {'-':>7s} {'-':>9s}  planned: {run_dir / 'plan.txt'}")
             continue
         summary = json.loads((run_dir / "summary.json").read_text())
-        print(f"{case.name:16s} {summary['tokens_per_s']:10.0f} {summary.get('mfu_pct', float('nan')):7.2f} "
-              f"{summary['peak_memory_gib']:9.2f}  {run_dir}")
+        print(
+            f"{case.name:16s} {summary['tokens_per_s']:10.0f} {summary.get('mfu_pct', float('nan')):7.2f} "
+            f"{summary['peak_memory_gib']:9.2f}  {run_dir}"
+        )
     sys.exit(1 if failed else 0)
 
 

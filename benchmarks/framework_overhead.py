@@ -23,7 +23,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _run(cmd: list[str], env_extra: dict[str, str]) -> tuple[list[dict], str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **env_extra, "QWEN3_TRN_LAUNCH_TIME": str(time.time())}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        **env_extra,
+        "QWEN3_TRN_LAUNCH_TIME": str(time.time()),
+    }
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
     if done.returncode:
         sys.exit(f"failed: {' '.join(cmd)}\n{done.stderr[-3000:]}")
@@ -51,7 +58,9 @@ def main() -> None:
     results: dict[str, list[list[dict]]] = {"qwen3_trn": [], "torchtitan": []}
     with tempfile.TemporaryDirectory() as tmp:
         for pair in range(args.pairs):
-            for name, fn in (("torchtitan", direct), ("qwen3_trn", framework)) if pair % 2 else (("qwen3_trn", framework), ("torchtitan", direct)):
+            for name, fn in (
+                (("torchtitan", direct), ("qwen3_trn", framework)) if pair % 2 else (("qwen3_trn", framework), ("torchtitan", direct))
+            ):
                 results[name].append(fn(args.overrides, Path(tmp) / f"{name}-{pair}"))
     print(f"{'path':<12} {'to first step (s)':>18} {'steady tokens/s':>16}")
     summary = {}
@@ -65,7 +74,8 @@ def main() -> None:
     # torchtitan's log line carries 5 decimals: equal within its rounding means identical.
     same = all(
         len(a) == len(b) and all(abs(x["loss"] - y["loss"]) <= 5e-6 for x, y in zip(a, b))
-        for a in results["qwen3_trn"] for b in results["torchtitan"]
+        for a in results["qwen3_trn"]
+        for b in results["torchtitan"]
     )
     print(f"loss curves identical (to torchtitan's 5 logged decimals, same seed): {same}")
 

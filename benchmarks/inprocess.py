@@ -36,8 +36,13 @@ def single_rank_trainer_config(overrides: list[str], out_dir: str) -> tuple[RunC
     device = resolve_device(cfg.device.type)
     device.activate(compute_dtype(cfg, device))
     config = to_trainer_config(cfg, device, resolve_layout(cfg.parallelism, 1, 1))
-    os.environ.update({
-        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": os.environ.get("MASTER_PORT", "29531"),
-    })
+    os.environ.update(
+        {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": os.environ.get("MASTER_PORT", "29531"),
+        }
+    )
     return cfg, config

@@ -127,8 +127,9 @@ def _dtype_name(dtype: torch.dtype) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    parser.add_argument("--dtypes", nargs="+", default=None, choices=["bfloat16", "float32"],
-                        help="default: the training dtype here first, then the other")
+    parser.add_argument(
+        "--dtypes", nargs="+", default=None, choices=["bfloat16", "float32"], help="default: the training dtype here first, then the other"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--max-seconds", type=float, default=60.0, help="time budget per shape and dtype")
@@ -137,20 +138,21 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     trained = training_dtype()
-    dtypes = [getattr(torch, name) for name in args.dtypes] if args.dtypes else [
-        trained, *(d for d in (torch.float32, torch.bfloat16) if d != trained)
-    ]
-    kernels = sorted(
-        name for name, impl in KERNELS.impls(MOE_SWIGLU_EXPERTS.name).items() if impl.portable and "cpu" in impl.devices
+    dtypes = (
+        [getattr(torch, name) for name in args.dtypes]
+        if args.dtypes
+        else [trained, *(d for d in (torch.float32, torch.bfloat16) if d != trained)]
     )
+    kernels = sorted(name for name, impl in KERNELS.impls(MOE_SWIGLU_EXPERTS.name).items() if impl.portable and "cpu" in impl.devices)
     peak_seconds = round_robin(matmul_cases(dtypes), rounds=5, max_seconds=10.0)
     peaks = {d: 2 * 1024**3 / peak_seconds[str(d)] / 1e9 for d in dtypes}
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f} "
-          "(the machine may be shared: cases are timed round-robin, medians)")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f} "
+        "(the machine may be shared: cases are timed round-robin, medians)"
+    )
     print(f"training dtype on this CPU: {_dtype_name(trained)} (native bf16 matmul: {trained == torch.bfloat16})")
     print("matmul peak (torch.mm 1024^3): " + ", ".join(f"{_dtype_name(d)} {peaks[d]:.1f} GFLOP/s" for d in dtypes))
-    header = (f"{'shape':15s} {'params':6s} {'kernel':26s} {'matmul':6s} {'ms':>8s} {'GFLOP/s':>8s} "
-              f"{'% peak':>7s} {'speed-up':>8s}")
+    header = f"{'shape':15s} {'params':6s} {'kernel':26s} {'matmul':6s} {'ms':>8s} {'GFLOP/s':>8s} {'% peak':>7s} {'speed-up':>8s}"
     print(header)
     print("-" * len(header))
     for shape_name in args.shapes:
@@ -165,13 +167,17 @@ def main() -> None:
                 gflops = shape.flops_fwd_bwd / seconds[label] / 1e9
                 peak = peaks.get(matmul)
                 share = f"{100 * gflops / peak:6.1f}%" if peak else f"{'-':>7s}"
-                print(f"{shape.name:15s} {_dtype_name(dtype):6s} {label:26s} {_dtype_name(matmul):6s} "
-                      f"{seconds[label] * 1e3:8.1f} {gflops:8.1f} {share} {seconds[BASELINE] / seconds[label]:7.2f}x")
+                print(
+                    f"{shape.name:15s} {_dtype_name(dtype):6s} {label:26s} {_dtype_name(matmul):6s} "
+                    f"{seconds[label] * 1e3:8.1f} {gflops:8.1f} {share} {seconds[BASELINE] / seconds[label]:7.2f}x"
+                )
     print()
     for shape in map(SHAPES.get, args.shapes):
         empty = int((routed_inputs(shape, torch.float32)[1] == 0).sum())
-        print(f"{shape.name}: R={shape.rows} routed rows, E={shape.num_experts} ({empty} empty), "
-              f"D={shape.dim}, F={shape.hidden_dim}, {shape.rows / shape.num_experts:.0f} rows per expert on average")
+        print(
+            f"{shape.name}: R={shape.rows} routed rows, E={shape.num_experts} ({empty} empty), "
+            f"D={shape.dim}, F={shape.hidden_dim}, {shape.rows / shape.num_experts:.0f} rows per expert on average"
+        )
     print("FLOPs per fwd+bwd = 18*R*D*F. '% peak' is against the peak of the dtype the matmuls run in.")
 
 

@@ -57,8 +57,7 @@ DENSE_SHARED = "embeddings, norms, lm_head, loss"
 FSDP = "FSDP (param casts, grad reduce)"
 OPTIMIZER = "optimizer (zero, clip, AdamW, lr)"
 OTHER = "other (trainer, data, unlabelled)"
-REGIONS = (ROUTER, DISPATCH, EXPERTS, COMBINE, SHARED_EXPERTS, FEED_FORWARD, ATTENTION, DENSE_SHARED,
-           FSDP, OPTIMIZER, OTHER)
+REGIONS = (ROUTER, DISPATCH, EXPERTS, COMBINE, SHARED_EXPERTS, FEED_FORWARD, ATTENTION, DENSE_SHARED, FSDP, OPTIMIZER, OTHER)
 MOE_REGIONS = (ROUTER, DISPATCH, EXPERTS, COMBINE, SHARED_EXPERTS)
 
 
@@ -76,9 +75,16 @@ def _module_labels() -> list[tuple[type, str]]:
 
     # MoE's own ops (routing map, per-expert counts) count as routing; RoutedExperts' own ops
     # (reshapes around dispatch/combine) as permutation.
-    return [(MoE, ROUTER), (TokenChoiceTopKRouter, ROUTER), (RoutedExperts, DISPATCH),
-            (GroupedExperts, EXPERTS), (BaseAttention, ATTENTION), (FeedForward, FEED_FORWARD),
-            (Embedding, DENSE_SHARED), (RMSNorm, DENSE_SHARED)]
+    return [
+        (MoE, ROUTER),
+        (TokenChoiceTopKRouter, ROUTER),
+        (RoutedExperts, DISPATCH),
+        (GroupedExperts, EXPERTS),
+        (BaseAttention, ATTENTION),
+        (FeedForward, FEED_FORWARD),
+        (Embedding, DENSE_SHARED),
+        (RMSNorm, DENSE_SHARED),
+    ]
 
 
 def _label_call(label: str, fn: Callable) -> Callable:
@@ -235,9 +241,11 @@ def profile_one(overrides: list[str], warmup: int, steps: int, top: int, region_
 def print_report(name: str, result: dict) -> None:
     step_ms = result["profiled_step_s"] * 1e3
     print(f"\n=== {name}: {' '.join(result['overrides'])}")
-    print(f"step {result['step_s'] * 1e3:.0f} ms unprofiled ({result['tokens_per_s']:.0f} tokens/s), "
-          f"{step_ms:.0f} ms profiled; {result['threads']} threads, "
-          f"{result['page_faults_per_step']:.0f} page faults per step")
+    print(
+        f"step {result['step_s'] * 1e3:.0f} ms unprofiled ({result['tokens_per_s']:.0f} tokens/s), "
+        f"{step_ms:.0f} ms profiled; {result['threads']} threads, "
+        f"{result['page_faults_per_step']:.0f} page faults per step"
+    )
     print(f"{'region':38s} {'ms/step':>9s} {'share':>7s}")
     regions = result["regions_ms"]
     for region in REGIONS:
@@ -252,9 +260,11 @@ def print_report(name: str, result: dict) -> None:
     # not with the tokens: apart from it, the step is the model's forward and backward.
     per_parameter = (regions.get(FSDP, 0.0) + regions.get(OPTIMIZER, 0.0)) / step_ms
     mfu = 100 * result["flops_per_token"] * result["tokens_per_s"] / result["peak_flops"]
-    print(f"{result['parameters'] / 1e6:.1f} M parameters, {result['flops_per_token'] / 1e6:.1f} MFLOP per token; "
-          f"MFU {mfu:.1f} % (unprofiled step); per-parameter work (FSDP + optimizer) {100 * per_parameter:.0f} % "
-          f"of the step; MFU of the rest {mfu / (1 - per_parameter):.1f} %")
+    print(
+        f"{result['parameters'] / 1e6:.1f} M parameters, {result['flops_per_token'] / 1e6:.1f} MFLOP per token; "
+        f"MFU {mfu:.1f} % (unprofiled step); per-parameter work (FSDP + optimizer) {100 * per_parameter:.0f} % "
+        f"of the step; MFU of the rest {mfu / (1 - per_parameter):.1f} %"
+    )
     print(f"\n{'top operators (self time)':52s} {'calls':>6s} {'ms/step':>9s} {'share':>7s}")
     for op, calls, ms in result["top_ops"]:
         print(f"{op[:52]:52s} {calls:6.0f} {ms:9.1f} {100 * ms / step_ms:6.1f}%")
@@ -277,14 +287,27 @@ def main() -> None:
         return
     print(f"torch {torch.__version__}, load average {os.getloadavg()[0]:.2f} (the machine may be shared)")
     for name in args.configs:
-        cmd = [sys.executable, __file__, "--one", name, "--warmup", str(args.warmup), "--steps", str(args.steps),
-               "--top", str(args.top), "--region-top", str(args.region_top), *args.overrides]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--one",
+            name,
+            "--warmup",
+            str(args.warmup),
+            "--steps",
+            str(args.steps),
+            "--top",
+            str(args.top),
+            "--region-top",
+            str(args.region_top),
+            *args.overrides,
+        ]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "KINETO_LOG_LEVEL": "5"}
         done = subprocess.run(cmd, check=False, cwd=REPO, capture_output=True, text=True, env=env)
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if done.returncode or not lines:
             sys.exit(f"failed: {' '.join(cmd)}\n{done.stderr[-3000:]}")
-        print_report(name, json.loads(lines[-1][len("RESULT "):]))
+        print_report(name, json.loads(lines[-1][len("RESULT ") :]))
 
 
 if __name__ == "__main__":

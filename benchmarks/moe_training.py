@@ -95,42 +95,52 @@ def headline(args: argparse.Namespace) -> None:
         specs.append(RunSpec("MoE nki_moe, baseline", ("backend=nki_moe", *MOE, *COMMON), args.baseline_checkout))
     extra = [f"training.steps={args.steps}", *args.overrides]
     results = measure(specs, extra, args.pairs)
-    print(f"{args.pairs} rounds, order rotating; {' '.join(COMMON + extra)}; load average {os.getloadavg()[0]:.2f} "
-          "(shared machine: medians over rounds)")
+    print(
+        f"{args.pairs} rounds, order rotating; {' '.join(COMMON + extra)}; load average {os.getloadavg()[0]:.2f} "
+        "(shared machine: medians over rounds)"
+    )
     print(f"{'run':26s} {'kernel':14s} {'tokens/s':>9s} {'MFU %':>7s}  runs tokens/s | MFU %")
     for label, runs in results.items():
-        print(f"{label:26s} {runs.kernel:14s} {runs.tps:9.0f} {runs.mfu:7.2f}  "
-              f"{_figures(runs.tokens_per_s, 0)} | {_figures(runs.mfu_pct, 2)}")
+        print(
+            f"{label:26s} {runs.kernel:14s} {runs.tps:9.0f} {runs.mfu:7.2f}  {_figures(runs.tokens_per_s, 0)} | {_figures(runs.mfu_pct, 2)}"
+        )
     dense, native, ours = results["dense (native)"], results["MoE native"], results["MoE nki_moe"]
     print(f"nki_moe / dense:  MFU ratio {ours.mfu / dense.mfu:.2f} (target >= 0.80), tokens/s ratio {ours.tps / dense.tps:.2f}")
     print(f"nki_moe / native: MFU ratio {ours.mfu / native.mfu:.2f}, tokens/s ratio {ours.tps / native.tps:.2f}")
     if args.baseline_checkout:
         base = results["MoE nki_moe, baseline"]
-        print(f"nki_moe / baseline checkout ({args.baseline_checkout}): tokens/s ratio {ours.tps / base.tps:.2f} "
-              "(target >= 2.00)")
+        print(f"nki_moe / baseline checkout ({args.baseline_checkout}): tokens/s ratio {ours.tps / base.tps:.2f} (target >= 2.00)")
 
 
 def grid(args: argparse.Namespace) -> None:
     extra = [f"training.steps={args.steps}", *args.overrides]
-    print(f"{'top_k':>5s} {'experts':>7s} {'native tok/s':>12s} {'nki_moe tok/s':>13s} {'native MFU':>10s} "
-          f"{'nki_moe MFU':>11s} {'speed-up':>8s}  kernel")
+    print(
+        f"{'top_k':>5s} {'experts':>7s} {'native tok/s':>12s} {'nki_moe tok/s':>13s} {'native MFU':>10s} "
+        f"{'nki_moe MFU':>11s} {'speed-up':>8s}  kernel"
+    )
     for top_k, experts in itertools.product(args.top_k, args.experts):
         shape = (f"model.top_k={top_k}", f"model.num_experts={experts}")
         specs = [RunSpec(f"{backend}", (f"backend={backend}", *MOE, *COMMON, *shape)) for backend in ("native", "nki_moe")]
         results = measure(specs, extra, args.pairs)
         native, ours = results["native"], results["nki_moe"]
-        print(f"{top_k:5d} {experts:7d} {native.tps:12.0f} {ours.tps:13.0f} {native.mfu:9.2f}% {ours.mfu:10.2f}% "
-              f"{ours.tps / native.tps:7.2f}x  {ours.kernel}", flush=True)
-    print(f"debugmodel_moe, {' '.join(COMMON + extra)}; medians over {args.pairs} alternating round(s), "
-          f"load average {os.getloadavg()[0]:.2f} (shared machine)")
+        print(
+            f"{top_k:5d} {experts:7d} {native.tps:12.0f} {ours.tps:13.0f} {native.mfu:9.2f}% {ours.mfu:10.2f}% "
+            f"{ours.tps / native.tps:7.2f}x  {ours.kernel}",
+            flush=True,
+        )
+    print(
+        f"debugmodel_moe, {' '.join(COMMON + extra)}; medians over {args.pairs} alternating round(s), "
+        f"load average {os.getloadavg()[0]:.2f} (shared machine)"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=3, help="rounds (each runs every configuration once)")
     parser.add_argument("--steps", type=int, default=10, help="training steps per run (the first is not counted)")
-    parser.add_argument("--baseline-checkout", type=Path, default=None,
-                        help="another checkout of this project whose backend=nki_moe joins the rounds")
+    parser.add_argument(
+        "--baseline-checkout", type=Path, default=None, help="another checkout of this project whose backend=nki_moe joins the rounds"
+    )
     parser.add_argument("--grid", action="store_true", help="native vs nki_moe over top_k x num_experts")
     parser.add_argument("--top-k", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--experts", type=int, nargs="+", default=[16, 64, 128])

@@ -23,8 +23,13 @@ DEFAULT = ["logger=none", "training.steps=10", "training.seq_len=128"]
 
 def sweep(args: list[str], sweep_dir: Path, env: dict[str, str]) -> float:
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "qwen3_trn", "-m", *args, f"hydra.sweep.dir={sweep_dir}"],
-                          cwd=REPO, capture_output=True, text=True, env={**os.environ, **env})
+    done = subprocess.run(
+        [sys.executable, "-m", "qwen3_trn", "-m", *args, f"hydra.sweep.dir={sweep_dir}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+    )
     if done.returncode:
         sys.exit(done.stderr[-3000:])
     return time.perf_counter() - started
@@ -42,10 +47,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         env = {"QWEN3_TRN_SLOTS_DIR": f"{tmp}/slots"}
         serial = sweep([*args.overrides, seeds], Path(tmp) / "serial", env)
-        packed = sweep([*args.overrides, seeds, "hydra/launcher=joblib", f"hydra.launcher.n_jobs={parallel}",
-                        f"launcher.devices_per_job={args.devices_per_job}"], Path(tmp) / "packed", env)
-    print(f"{args.jobs} jobs on {cores} cores: sequential {serial:.1f} s, packed ({parallel} at once, "
-          f"{args.devices_per_job} core each) {packed:.1f} s, speed-up {serial / packed:.2f}x")
+        packed = sweep(
+            [
+                *args.overrides,
+                seeds,
+                "hydra/launcher=joblib",
+                f"hydra.launcher.n_jobs={parallel}",
+                f"launcher.devices_per_job={args.devices_per_job}",
+            ],
+            Path(tmp) / "packed",
+            env,
+        )
+    print(
+        f"{args.jobs} jobs on {cores} cores: sequential {serial:.1f} s, packed ({parallel} at once, "
+        f"{args.devices_per_job} core each) {packed:.1f} s, speed-up {serial / packed:.2f}x"
+    )
 
 
 if __name__ == "__main__":

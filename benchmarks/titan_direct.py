@@ -24,8 +24,17 @@ class StepCapture(logging.Handler):
         match = STEP_LINE.search(record.getMessage())
         if match:
             step, loss, tps = match.groups()
-            print(json.dumps({"step": int(step), "loss": float(loss), "tps": float(tps.replace(",", "")),
-                              "seconds_since_launch": time.time() - LAUNCH}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "step": int(step),
+                        "loss": float(loss),
+                        "tps": float(tps.replace(",", "")),
+                        "seconds_since_launch": time.time() - LAUNCH,
+                    }
+                ),
+                flush=True,
+            )
 
 
 def main() -> None:

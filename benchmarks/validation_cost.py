@@ -25,14 +25,19 @@ REPO = Path(__file__).resolve().parents[1]
 def run(overrides: list[str], out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "qwen3_trn", *overrides, f"hydra.run.dir={out}"], check=False, cwd=REPO,
-                          capture_output=True, text=True, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "qwen3_trn", *overrides, f"hydra.run.dir={out}"],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     wall = time.perf_counter() - started
     if done.returncode:
         sys.exit(f"failed: {' '.join(overrides)}\n{done.stderr[-3000:]}")
     summary = json.loads((out / "summary.json").read_text())
-    return {"wall_s": wall, "last_loss": summary["last_loss"], "val_loss": summary.get("val_loss"),
-            "tokens_per_s": summary["tokens_per_s"]}
+    return {"wall_s": wall, "last_loss": summary["last_loss"], "val_loss": summary.get("val_loss"), "tokens_per_s": summary["tokens_per_s"]}
 
 
 def main() -> None:

@@ -54,16 +54,25 @@ def _print_summary(summary: dict) -> None:
         return
     if not summary.get("steps_logged"):
         # Multi-node: metrics are written by the node that hosted global rank 0.
-        console.print(f"qwen3_trn: this node's ranks {summary.get('status')}; no metrics rank ran here. outputs: {summary.get('run_dir')}", soft_wrap=True)
+        console.print(
+            f"qwen3_trn: this node's ranks {summary.get('status')}; no metrics rank ran here. outputs: {summary.get('run_dir')}",
+            soft_wrap=True,
+        )
         return
 
     table = Table(title=f"qwen3_trn run {summary.get('status', '')}", show_header=False)
     rows = [
-        ("backend / device", f"{summary.get('backend')} / {summary.get('device')}" + (f" / kernel {summary['kernel']}" if "kernel" in summary else "")),
+        (
+            "backend / device",
+            f"{summary.get('backend')} / {summary.get('device')}" + (f" / kernel {summary['kernel']}" if "kernel" in summary else ""),
+        ),
         ("steps", f"{summary.get('first_step')} -> {summary.get('last_step')}"),
         ("loss first -> last", f"{summary.get('first_loss', float('nan')):.4f} -> {summary.get('last_loss', float('nan')):.4f}"),
-        *([("val loss (perplexity)", f"{summary['val_loss']:.4f} ({summary['val_perplexity']:,.1f}) at step {summary['val_step']}")]
-          if "val_loss" in summary else []),
+        *(
+            [("val loss (perplexity)", f"{summary['val_loss']:.4f} ({summary['val_perplexity']:,.1f}) at step {summary['val_step']}")]
+            if "val_loss" in summary
+            else []
+        ),
         ("tokens/s", f"{summary.get('tokens_per_s', 0):,.0f}"),
         ("peak memory", f"{summary.get('peak_memory_gib', 0):.2f} GiB"),
         ("wall time", f"{summary.get('wall_time_s', 0):.1f} s"),
@@ -81,10 +90,13 @@ def _print_summary(summary: dict) -> None:
 def _check_in_subprocess(run_dir: Path) -> dict:
     done = subprocess.run(
         [sys.executable, "-m", "qwen3_trn.rank", str(run_dir / CONFIG_FILE), "--check"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     if done.returncode != 0:
-        raise ConfigError("parallelism", f"torchtitan could not build rank 0 of this layout on its fake backend:\n{done.stderr.strip()[-2000:]}")
+        raise ConfigError(
+            "parallelism", f"torchtitan could not build rank 0 of this layout on its fake backend:\n{done.stderr.strip()[-2000:]}"
+        )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -170,9 +170,7 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
             hf_export_dir=str(Path(cfg.output_dir) / cfg.checkpoint.hf_folder) if cfg.checkpoint.hf_export else "",
         ),
         loss=ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=arch.vocab_size)),
-        dataloader=HuggingFaceTextDataLoader.Config(
-            dataset=dataset.name, dataset_path=dataset.path, num_workers=cfg.data.num_workers
-        ),
+        dataloader=HuggingFaceTextDataLoader.Config(dataset=dataset.name, dataset_path=dataset.path, num_workers=cfg.data.num_workers),
         optimizer=_optimizer(cfg),
         lr_scheduler=LRSchedulersContainer.Config(
             warmup_steps=cfg.optimizer.warmup_steps,

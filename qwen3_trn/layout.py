@@ -45,12 +45,14 @@ def resolve_layout(parallelism: ParallelismConfig, nnodes: int, nproc_per_node: 
     degrees = {name: getattr(parallelism, name) for name in DEGREES}
     for name, value in (*degrees.items(), ("ep", parallelism.ep)):
         if value == 0 or value < -1 or (name == "ep" and value < 1):
-            raise ConfigError(f"parallelism.{name}", f"must be a positive degree{' or -1 (the rest)' if name != 'ep' else ''}, got {value}.")
+            raise ConfigError(
+                f"parallelism.{name}", f"must be a positive degree{' or -1 (the rest)' if name != 'ep' else ''}, got {value}."
+            )
     open_degrees = [name for name, value in degrees.items() if value == -1]
     if len(open_degrees) > 1:
         raise ConfigError(
             f"parallelism.{open_degrees[1]}",
-            f"only one degree may be -1 (\"the rest\"), but {', '.join(open_degrees)} all are; give all but one a number.",
+            f'only one degree may be -1 ("the rest"), but {", ".join(open_degrees)} all are; give all but one a number.',
         )
     fixed = math.prod(value for value in degrees.values() if value != -1)
     shown = " x ".join(f"{name}={value}" for name, value in degrees.items())

@@ -144,8 +144,11 @@ class ProgressLogger(BaseLogger):
             if self._progress is not None:
                 self._progress.update(self._task, val_loss=held_out["val_loss"])
             else:
-                print(f"step {step:>5}/{self.total_steps}  val_loss {held_out['val_loss']:8.4f}  "
-                      f"perplexity {held_out['val_perplexity']:10,.2f}", flush=True)
+                print(
+                    f"step {step:>5}/{self.total_steps}  val_loss {held_out['val_loss']:8.4f}  "
+                    f"perplexity {held_out['val_perplexity']:10,.2f}",
+                    flush=True,
+                )
             return
         if "loss_metrics/global_avg_loss" not in metrics:
             return

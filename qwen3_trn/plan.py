@@ -88,13 +88,18 @@ def render_plan(prepared: Prepared, launch: LaunchDescription, resolved: DictCon
         (
             "Overrides and differences from the base config",
             "\n".join([f"overrides: {' '.join(overrides) or '(none)'}", f"compared with: {base_name}", *(f"  {line}" for line in lines)])
-            if base_name else "(not composed by Hydra)",
+            if base_name
+            else "(not composed by Hydra)",
         ),
         (
             "World",
             "\n".join(
-                [f"device: {prepared.device.type} ({present})", prepared.layout.describe(),
-                 *device_mapping(prepared.device.type, prepared.layout), f"where: {launch.where}"]
+                [
+                    f"device: {prepared.device.type} ({present})",
+                    prepared.layout.describe(),
+                    *device_mapping(prepared.device.type, prepared.layout),
+                    f"where: {launch.where}",
+                ]
             ),
         ),
         ("Architecture", json.dumps(prepared.arch.summary())),

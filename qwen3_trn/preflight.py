@@ -109,8 +109,7 @@ def _check_training(cfg: RunConfig, arch: Qwen3Architecture, layout: Layout) -> 
     if training.seq_len > arch.max_seq_len:
         raise ConfigError(
             "training.seq_len",
-            f"{training.seq_len} is above the model's max_seq_len {arch.max_seq_len}; "
-            f"lower training.seq_len or raise model.max_seq_len.",
+            f"{training.seq_len} is above the model's max_seq_len {arch.max_seq_len}; lower training.seq_len or raise model.max_seq_len.",
         )
     for key in ("steps", "local_batch_size", "seq_len"):
         if getattr(training, key) < 1:

@@ -159,8 +159,13 @@ def roundtrip(
     cfg, arch = _run_config(src, run_dir, seq_len)
     tied = arch.tie_embeddings
     report = RoundTripReport(
-        source=str(src), output=str(dst), architecture=read_config(src)["architectures"][0],
-        tied_embeddings=tied, dtype=dtype, atol=atol, moe_rtol=moe_rtol,
+        source=str(src),
+        output=str(dst),
+        architecture=read_config(src)["architectures"][0],
+        tied_embeddings=tied,
+        dtype=dtype,
+        atol=atol,
+        moe_rtol=moe_rtol,
     )
     tokens = torch.randint(0, arch.vocab_size, (2, cfg.training.seq_len), generator=torch.Generator().manual_seed(0))
 
@@ -216,8 +221,7 @@ def roundtrip(
         # the torchtitan model matches an fp32 HF model only to bf16 precision.
         if not report.rel_logit_diff_titan <= moe_rtol:
             report.failures.append(
-                f"torchtitan model's logits differ from the source by {report.rel_logit_diff_titan:.3g} (relative) "
-                f"> {moe_rtol:g}"
+                f"torchtitan model's logits differ from the source by {report.rel_logit_diff_titan:.3g} (relative) > {moe_rtol:g}"
             )
     elif not report.max_logit_diff_titan <= atol:
         report.failures.append(f"torchtitan model's logits differ from the source by {report.max_logit_diff_titan:.3g} > {atol:g}")
@@ -231,7 +235,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None, help="new directory for the re-saved copy (default: <source>-roundtrip)")
     parser.add_argument("--atol", type=float, default=1e-4, help="max absolute logit difference accepted")
     parser.add_argument(
-        "--moe-rtol", type=float, default=0.02,
+        "--moe-rtol",
+        type=float,
+        default=0.02,
         help="MoE only: relative logit difference accepted between the torchtitan model (bf16 experts) and the source",
     )
     parser.add_argument("--seq-len", type=int, default=64, help="tokens per sequence in the logits check")

@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for row in rows:
             num = f"#{row['num']} " if row.get("num") is not None else ""
-            print(f"{num}{row['status'] or '?':<10} job {row['job_id'] or '-':<8} {row['state'] or '':<11} {row['run_dir']}  log: {row['log']}")
+            print(
+                f"{num}{row['status'] or '?':<10} job {row['job_id'] or '-':<8} {row['state'] or '':<11} {row['run_dir']}  log: {row['log']}"
+            )
     return 1 if any(r["status"] in (RunStatus.failed, RunStatus.cancelled) for r in rows) else 0
 
 

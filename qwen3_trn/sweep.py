@@ -63,8 +63,19 @@ from qwen3_trn.tracking import finish_dangling_run
 
 # Statuses of jobs that run elsewhere (launcher=slurm) or only planned (mode=plan).
 OTHER_STATUSES = ("cancelled", "interrupted", "submitted", "pending", "running", "planned")
-FINAL_KEYS = ("steps_logged", "first_loss", "last_loss", "min_loss", "val_loss", "val_perplexity", "validation_tokens_sha256",
-              "tokens_per_s", "peak_memory_gib", "mfu_pct", "wall_time_s")
+FINAL_KEYS = (
+    "steps_logged",
+    "first_loss",
+    "last_loss",
+    "min_loss",
+    "val_loss",
+    "val_perplexity",
+    "validation_tokens_sha256",
+    "tokens_per_s",
+    "peak_memory_gib",
+    "mfu_pct",
+    "wall_time_s",
+)
 
 
 # ------------------------------------------------------------------------------------------
@@ -134,7 +145,9 @@ def run_sweep_job(execute: Callable[[Any], dict | None], cfg_node: Any) -> dict[
     try:
         summary = execute(cfg_node)
         # launcher=slurm (jobs run on the cluster; states: qwen3_trn.launch.slurm) and mode=plan
-        record["status"] = str(summary["status"]) if summary and summary.get("status") in (RunStatus.submitted, RunStatus.planned) else "completed"
+        record["status"] = (
+            str(summary["status"]) if summary and summary.get("status") in (RunStatus.submitted, RunStatus.planned) else "completed"
+        )
     except NotApplicable as exc:
         record.update(status="skipped", reason=str(exc), error_key=exc.key)
     except KeyboardInterrupt:
@@ -170,7 +183,7 @@ def run_sweep_job(execute: Callable[[Any], dict | None], cfg_node: Any) -> dict[
             write_text_atomic(
                 job_dir / ERROR_LOG,
                 f"job {record['num']}: {' '.join(record['overrides'])}\n{record['error']}\n\n{record.pop('traceback')}"
-                + (f"\nrank logs: {', '.join(logs)}\n" if logs else "")
+                + (f"\nrank logs: {', '.join(logs)}\n" if logs else ""),
             )
             record["log"] = str(job_dir / ERROR_LOG)
             if logs:
@@ -313,7 +326,9 @@ def _sync_job_record(run_dir: Path, summary: dict[str, Any]) -> None:
     if record["status"] == RunStatus.failed:
         record["rerun"] = rerun_command(record.get("overrides", []))
         logs = ", ".join((summary.get("slurm") or {}).get("logs", []))
-        write_text_atomic(run_dir / ERROR_LOG, f"job {record.get('num')}: {' '.join(record.get('overrides', []))}\n{record.get('error')}\nlogs: {logs}\n")
+        write_text_atomic(
+            run_dir / ERROR_LOG, f"job {record.get('num')}: {' '.join(record.get('overrides', []))}\n{record.get('error')}\nlogs: {logs}\n"
+        )
     write_job_record(run_dir, record)
 
 
@@ -444,15 +459,18 @@ class SweepCallback(Callback):
         if any(job.get("num") == num and job.get("status") != "running" for job in collect_jobs(sweep_dir)):
             return
         error = job_return._return_value
-        write_json_atomic(_foreign_record_path(sweep_dir, num), {
-            "num": num,
-            "name": config.hydra.job.override_dirname,
-            "overrides": list(job_return.overrides or []),
-            "run_dir": str(Path(str(config.hydra.runtime.output_dir)).resolve()),
-            "status": "failed",
-            "error": f"{type(error).__name__}: {error}",
-            "rerun": rerun_command(list(job_return.overrides or [])),
-        })
+        write_json_atomic(
+            _foreign_record_path(sweep_dir, num),
+            {
+                "num": num,
+                "name": config.hydra.job.override_dirname,
+                "overrides": list(job_return.overrides or []),
+                "run_dir": str(Path(str(config.hydra.runtime.output_dir)).resolve()),
+                "status": "failed",
+                "error": f"{type(error).__name__}: {error}",
+                "rerun": rerun_command(list(job_return.overrides or [])),
+            },
+        )
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
@@ -460,7 +478,10 @@ class SweepCallback(Callback):
         in_flight = any(job.get("status") in IN_FLIGHT_STATUSES for job in jobs)
         manifest = write_manifest(sweep_dir, jobs, {"complete": not in_flight})
         if in_flight:
-            print(f"[sweep] jobs still queued or running elsewhere; refresh their states with: python -m qwen3_trn.status {sweep_dir}", flush=True)
+            print(
+                f"[sweep] jobs still queued or running elsewhere; refresh their states with: python -m qwen3_trn.status {sweep_dir}",
+                flush=True,
+            )
         if self.report and jobs and not in_flight and not all(job.get("status") == "planned" for job in jobs):
             try:
                 result = build_report([sweep_dir], out_dir=sweep_dir, publish=self.publish)
@@ -470,8 +491,12 @@ class SweepCallback(Callback):
                 print(f"[sweep] the comparison report could not be built: {type(exc).__name__}: {exc}", file=sys.stderr)
         print(format_summary(manifest), flush=True)
         if manifest["counts"]["failed"] or manifest["counts"].get("cancelled"):
-            print(f"[sweep] {manifest['counts']['failed']} of {manifest['counts']['total']} jobs failed"
-                  + (f", {manifest['counts']['cancelled']} cancelled" if manifest["counts"].get("cancelled") else ""), file=sys.stderr, flush=True)
+            print(
+                f"[sweep] {manifest['counts']['failed']} of {manifest['counts']['total']} jobs failed"
+                + (f", {manifest['counts']['cancelled']} cancelled" if manifest["counts"].get("cancelled") else ""),
+                file=sys.stderr,
+                flush=True,
+            )
             sys.exit(1)
 
 

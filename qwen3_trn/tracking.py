@@ -157,8 +157,11 @@ class WandbRunLogger:
         mode = w["mode"]
         if mode == "online" and not wandb_api_key():
             # Never block a training run on wandb's interactive login prompt.
-            print("wandb: logger.wandb.mode=online but no API key (WANDB_API_KEY or `wandb login`); "
-                  "logging offline instead (upload later with `wandb sync`).", flush=True)
+            print(
+                "wandb: logger.wandb.mode=online but no API key (WANDB_API_KEY or `wandb login`); "
+                "logging offline instead (upload later with `wandb sync`).",
+                flush=True,
+            )
             mode = "offline"
         self.wandb = wandb
         self.run = wandb.init(
@@ -223,8 +226,7 @@ def start_wandb(run_dir: Path, run_info: dict[str, Any]) -> WandbRunLogger | Non
     try:
         return WandbRunLogger(run_dir, plan, run_info)
     except ImportError:
-        logger.error("logger.backends has wandb but the wandb package is not installed (pip install wandb); "
-                     "logging to metrics.jsonl only.")
+        logger.error("logger.backends has wandb but the wandb package is not installed (pip install wandb); logging to metrics.jsonl only.")
     except Exception as exc:  # e.g. online without an API key: training goes on, metrics.jsonl keeps the record
         logger.error(f"wandb could not start a run ({type(exc).__name__}: {exc}); logging to metrics.jsonl only.")
     return None

@@ -118,7 +118,9 @@ def check_validation(validation: ValidationConfig, training_seq_len: int, max_se
             raise ConfigError(f"validation.{key}", f"must be >= 1 (or null: the training value), got {value}.")
     seq_len = validation.seq_len or training_seq_len
     if seq_len > max_seq_len:
-        raise ConfigError("validation.seq_len", f"{seq_len} is above the model's max_seq_len {max_seq_len}; lower it or raise model.max_seq_len.")
+        raise ConfigError(
+            "validation.seq_len", f"{seq_len} is above the model's max_seq_len {max_seq_len}; lower it or raise model.max_seq_len."
+        )
     if pipeline_parallel and (validation.seq_len or validation.local_batch_size):
         key = "validation.seq_len" if validation.seq_len else "validation.local_batch_size"
         raise ConfigError(

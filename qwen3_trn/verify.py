@@ -58,8 +58,14 @@ def _free_port() -> int:
 def single_rank() -> Iterator[None]:
     """This process as rank 0 of a world of 1 (environment restored and process group
     destroyed afterwards)."""
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    env = {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -179,16 +185,23 @@ class ExportReport(LogitCheck):
     def render(self) -> str:
         lines = [
             f"export        {self.export} (step {self.step}, {self.architecture})",
-            (f"loaded as     {self.model_class} + {self.tokenizer_class}; missing {self.loading.get('missing_keys', [])}, "
-             f"unexpected {self.loading.get('unexpected_keys', [])}, mismatched {self.loading.get('mismatched_keys', [])}"),
+            (
+                f"loaded as     {self.model_class} + {self.tokenizer_class}; missing {self.loading.get('missing_keys', [])}, "
+                f"unexpected {self.loading.get('unexpected_keys', [])}, mismatched {self.loading.get('mismatched_keys', [])}"
+            ),
             f"generate      {self.prompt!r} -> {self.generated!r} ({self.generated_tokens} new tokens)",
             f"logits        HF vs torchtitan: max |diff| {self.max_logit_diff:.3g}, relative {self.rel_logit_diff:.3g} "
-            + (f"(MoE, load-balancing bias left out; tolerance: relative {self.moe_rtol:g})"
-               if self.architecture == MOE_ARCHITECTURE else f"(tolerance: {self.atol:g})"),
+            + (
+                f"(MoE, load-balancing bias left out; tolerance: relative {self.moe_rtol:g})"
+                if self.architecture == MOE_ARCHITECTURE
+                else f"(tolerance: {self.atol:g})"
+            ),
         ]
         if self.architecture == MOE_ARCHITECTURE:
-            lines.append(f"as trained    relative {self.rel_logit_diff_as_trained:.3g} with torchtitan's expert_bias "
-                         f"(max |bias| {self.max_expert_bias:.3g}), which HF Qwen3-MoE cannot hold")
+            lines.append(
+                f"as trained    relative {self.rel_logit_diff_as_trained:.3g} with torchtitan's expert_bias "
+                f"(max |bias| {self.max_expert_bias:.3g}), which HF Qwen3-MoE cannot hold"
+            )
         return "\n".join(lines + ([f"FAIL: {f}" for f in self.failures] or ["OK"]))
 
 
@@ -203,7 +216,7 @@ def _export_side(folder: str, tokens: torch.Tensor, prompt: str, new_tokens: int
     inputs = tokenizer(prompt, return_tensors="pt")
     with torch.no_grad():
         generated = model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-    new = generated[0, inputs["input_ids"].shape[1]:]
+    new = generated[0, inputs["input_ids"].shape[1] :]
     reference = hf_model(Path(folder))
     with torch.no_grad():
         logits = reference(tokens).logits.float()
@@ -244,18 +257,29 @@ def _relative(logits: torch.Tensor, reference: torch.Tensor) -> float:
     return ((logits - reference).norm() / reference.norm()).item()
 
 
-def verify_export(run_dir: str | Path, export: str | Path | None = None, atol: float = 1e-4, moe_rtol: float = 0.01,
-                  seq_len: int = 64, new_tokens: int = 8) -> ExportReport:
+def verify_export(
+    run_dir: str | Path,
+    export: str | Path | None = None,
+    atol: float = 1e-4,
+    moe_rtol: float = 0.01,
+    seq_len: int = 64,
+    new_tokens: int = 8,
+) -> ExportReport:
     run = Path(run_dir).expanduser().resolve()
     if not (run / "config.yaml").is_file():
         raise ConfigError("run_dir", f"'{run_dir}' holds no config.yaml; pass a run directory written by python -m qwen3_trn.")
-    folder = Path(export).expanduser().resolve() if export else latest_hf_export(run / load_run_config(str(run / "config.yaml")).checkpoint.hf_folder)
+    folder = (
+        Path(export).expanduser().resolve()
+        if export
+        else latest_hf_export(run / load_run_config(str(run / "config.yaml")).checkpoint.hf_folder)
+    )
     if folder is None or not (folder / "config.json").is_file():
         raise ConfigError("--export", f"no Hugging Face export found in {run}; train with checkpoint=hf_export, or pass --export DIR.")
     step = int(folder.name.removeprefix("step-")) if folder.name.removeprefix("step-").isdigit() else -1
     config = json.loads((folder / "config.json").read_text())
-    report = ExportReport(run_dir=str(run), export=str(folder), step=step, architecture=config["architectures"][0],
-                          atol=atol, moe_rtol=moe_rtol)
+    report = ExportReport(
+        run_dir=str(run), export=str(folder), step=step, architecture=config["architectures"][0], atol=atol, moe_rtol=moe_rtol
+    )
     length = min(seq_len, int(config.get("max_position_embeddings") or seq_len))
     tokens = torch.randint(0, int(config["vocab_size"]), (2, length), generator=torch.Generator().manual_seed(0))
 
@@ -297,8 +321,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run_dir", help="a run directory trained with checkpoint=hf_export checkpoint.enable=true")
     parser.add_argument("--export", default=None, help="the export folder (default: the run's last <hf_folder>/step-N)")
     parser.add_argument("--atol", type=float, default=1e-4, help="dense models: max absolute logit difference accepted")
-    parser.add_argument("--moe-rtol", type=float, default=0.01,
-                        help="MoE models: relative logit difference accepted (load-balancing bias left out)")
+    parser.add_argument(
+        "--moe-rtol", type=float, default=0.01, help="MoE models: relative logit difference accepted (load-balancing bias left out)"
+    )
     parser.add_argument("--verbose", action="store_true", help="show torchtitan's log")
     args = parser.parse_args(argv)
     run_check(lambda: verify_export(args.run_dir, args.export, args.atol, args.moe_rtol), args.verbose)

@@ -99,7 +99,12 @@ def read_offline_wandb_run(path: Path) -> OfflineWandbRun:
         kind = record.get("type")
         if kind == "run":
             body = record["run"]
-            run.id, run.name, run.group, run.job_type = body.get("run_id", ""), body.get("display_name", ""), body.get("run_group", ""), body.get("job_type", "")
+            run.id, run.name, run.group, run.job_type = (
+                body.get("run_id", ""),
+                body.get("display_name", ""),
+                body.get("run_group", ""),
+                body.get("job_type", ""),
+            )
             run.tags = list(body.get("tags", []))
             run.config.update((body.get("config") or {}).get("update", {}))
         elif kind == "config":
@@ -124,9 +129,18 @@ needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on
 
 
 def chromium(url: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-             "--disable-sync", "--no-first-run", "--hide-scrollbars", f"--user-data-dir={profile}",
-             "--virtual-time-budget=10000"]
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=10000",
+    ]
     done = subprocess.run([CHROMIUM, *flags, *args, url], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     return done

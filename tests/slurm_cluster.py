@@ -130,9 +130,7 @@ def _free_port_base() -> int:
 
 
 def _script(command: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["bash", str(LOCAL_CLUSTER), command], env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run(["bash", str(LOCAL_CLUSTER), command], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def start_cluster(state_dir: Path) -> SlurmCluster:

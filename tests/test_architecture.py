@@ -54,8 +54,17 @@ def test_seed_reduced_moe_builds_with_requested_shape(tmp_path):
 
 def test_dense_overrides_reach_the_built_model(tmp_path):
     spec = _spec(
-        ["model=debugmodel", "model.n_layers=3", "model.dim=192", "model.n_heads=6", "model.n_kv_heads=3",
-         "model.head_dim=32", "model.hidden_dim=320", "model.vocab_size=4096", "model.max_seq_len=1024"],
+        [
+            "model=debugmodel",
+            "model.n_layers=3",
+            "model.dim=192",
+            "model.n_heads=6",
+            "model.n_kv_heads=3",
+            "model.head_dim=32",
+            "model.hidden_dim=320",
+            "model.vocab_size=4096",
+            "model.max_seq_len=1024",
+        ],
         tmp_path,
     )
     model = _build_on_meta(spec.model)

@@ -30,7 +30,20 @@ OPTIONS = list(_options())
 
 def test_every_group_has_options():
     groups = {group for group, _ in OPTIONS}
-    assert {"backend", "model", "parallelism", "compile", "data", "training", "optimizer", "checkpoint", "logger", "launcher", "device", "experiment"} <= groups
+    assert {
+        "backend",
+        "model",
+        "parallelism",
+        "compile",
+        "data",
+        "training",
+        "optimizer",
+        "checkpoint",
+        "logger",
+        "launcher",
+        "device",
+        "experiment",
+    } <= groups
 
 
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])

@@ -22,8 +22,9 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 
 def _faults(mode: str) -> int:
-    done = subprocess.run([sys.executable, "-c", _FAULTS_OF_SECOND_ALLOCATION, mode], check=False, cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", _FAULTS_OF_SECOND_ALLOCATION, mode], check=False, cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return int(done.stdout.split()[-1])
 

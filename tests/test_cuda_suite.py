@@ -25,13 +25,18 @@ def test_dry_run_prints_one_cli_command_per_case_with_the_gpu_settings(tmp_path)
     assert list(commands) == ["native-0.6B", "native-1.7B", "hf_v5-0.6B", "hf_v5-1.7B", "moe-30B-A3B-4L"]
     for name, argv in commands.items():
         assert argv[1:3] == ["-m", "qwen3_trn"], name
-        for setting in ("device=cuda", "parallelism=fsdp", "launcher.nproc_per_node=1", "compile=inductor",
-                        "model.attention=flex", "training.mixed_precision_param=bfloat16", "training.steps=50"):
+        for setting in (
+            "device=cuda",
+            "parallelism=fsdp",
+            "launcher.nproc_per_node=1",
+            "compile=inductor",
+            "model.attention=flex",
+            "training.mixed_precision_param=bfloat16",
+            "training.steps=50",
+        ):
             assert setting in argv, (name, setting)
         assert argv[-1] == f"hydra.run.dir={tmp_path / name}"
-    assert {"backend=nki_moe", "model=30B-A3B", "model.n_layers=4", "backend.kernels=grouped_mm"} <= set(
-        commands["moe-30B-A3B-4L"]
-    )
+    assert {"backend=nki_moe", "model=30B-A3B", "model.n_layers=4", "backend.kernels=grouped_mm"} <= set(commands["moe-30B-A3B-4L"])
     assert {"backend=hf_v5", "model=1.7B"} <= set(commands["hf_v5-1.7B"])
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -45,9 +44,7 @@ def test_corpus_is_real_distinct_text(corpus: list[str]) -> None:
 
 def test_validation_split_is_disjoint(corpus: list[str]) -> None:
     datasets = pytest.importorskip("datasets")
-    val = datasets.load_dataset(
-        "json", data_files=str(embedded.validation_corpus_path()), split="train"
-    )["text"]
+    val = datasets.load_dataset("json", data_files=str(embedded.validation_corpus_path()), split="train")["text"]
     assert 0.005 * len(corpus) <= len(val) <= 0.05 * len(corpus)
     assert not set(val) & set(corpus)
     assert all(ba.is_validation(doc) for doc in val)
@@ -86,9 +83,7 @@ def test_chars_per_token(corpus: list[str]) -> None:
 
 
 def _small_build(out: Path) -> None:
-    ba.build_assets(
-        out, modules=("json", "textwrap", "shlex"), include_c_modules=False, include_topics=False
-    )
+    ba.build_assets(out, modules=("json", "textwrap", "shlex"), include_c_modules=False, include_topics=False)
 
 
 def test_build_is_deterministic(tmp_path: Path) -> None:

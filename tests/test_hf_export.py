@@ -113,6 +113,5 @@ def test_verify_command_line(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(f"output_dir: {run_dir}\nmodel:\n  flavor: debugmodel\n")  # a run that was never trained
-    done = subprocess.run([sys.executable, "-m", "qwen3_trn.verify", str(run_dir)], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run([sys.executable, "-m", "qwen3_trn.verify", str(run_dir)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "no Hugging Face export found" in done.stderr

@@ -39,7 +39,11 @@ def _python(code: str, *args: str, timeout: float = 300) -> subprocess.Completed
     import os
 
     return subprocess.run(
-        [sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-c", code, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, **OFFLINE},
     )
 
@@ -113,11 +117,19 @@ def test_finetune_from_hf_weights_loads_them_before_step_one(dense_run, tmp_path
     run_dir = tmp_path / "run"
     result = run_cli(
         [
-            "backend=hf_v5", "model=0.6B", f"model.hf_model={export}", f"checkpoint.initial_load_path={export}",
-            "checkpoint=hf_export", "optimizer.lr=0", "training.steps=2", "training.seq_len=64",
-            "optimizer.warmup_steps=1", "logger=none",
+            "backend=hf_v5",
+            "model=0.6B",
+            f"model.hf_model={export}",
+            f"checkpoint.initial_load_path={export}",
+            "checkpoint=hf_export",
+            "optimizer.lr=0",
+            "training.steps=2",
+            "training.seq_len=64",
+            "optimizer.warmup_steps=1",
+            "logger=none",
         ],
-        run_dir, env=OFFLINE,
+        run_dir,
+        env=OFFLINE,
     )
     records = assert_trained(result, run_dir, steps=2)
     # the same first batch, now seen by the trained weights: clearly lower than at init
@@ -149,10 +161,17 @@ def test_moe_hf_v5_trains_and_exports_standard_qwen3_moe(tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli(
         [
-            "backend=hf_v5", "model=tiny_moe", "model.num_experts=4", "model.moe_hidden_dim=128",
-            "backend.hf_experts_implementation=eager", "checkpoint=hf_export", "checkpoint.export_dtype=bfloat16", *TINY_RUN,
+            "backend=hf_v5",
+            "model=tiny_moe",
+            "model.num_experts=4",
+            "model.moe_hidden_dim=128",
+            "backend.hf_experts_implementation=eager",
+            "checkpoint=hf_export",
+            "checkpoint.export_dtype=bfloat16",
+            *TINY_RUN,
         ],
-        run_dir, env=OFFLINE,
+        run_dir,
+        env=OFFLINE,
     )
     records = assert_trained(result, run_dir, steps=4)
     assert _falls(records, by=0.1), [r["loss"] for r in records]

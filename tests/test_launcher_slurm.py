@@ -44,8 +44,9 @@ def _execute(overrides: list[str], run_dir: Path) -> dict | None:
 
 
 def _status_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "qwen3_trn.status", *args], cwd=REPO, env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "qwen3_trn.status", *args], cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=300
+    )
 
 
 def _wait_until(predicate, timeout: float, what: str, poll: float = 0.5):
@@ -99,7 +100,10 @@ def test_no_slurm_reachable_says_how_it_was_looked_for(tmp_path: Path, monkeypat
         _execute([*SLURM, *TINY], run_dir)
 
     # ... or the controller does not answer
-    monkeypatch.setenv("PATH", str(_fake_slurm_bin(tmp_path / "down", "echo 'sinfo: error: Unable to contact slurm controller (connect failure)' >&2; exit 1")))
+    monkeypatch.setenv(
+        "PATH",
+        str(_fake_slurm_bin(tmp_path / "down", "echo 'sinfo: error: Unable to contact slurm controller (connect failure)' >&2; exit 1")),
+    )
     monkeypatch.delenv("SLURM_CONF")
     with pytest.raises(ConfigError, match=r"could not reach the Slurm controller \(sinfo: error: Unable to contact slurm controller"):
         _execute([*SLURM, *TINY], run_dir)
@@ -119,9 +123,22 @@ def test_nodes_times_ranks_must_match_the_parallel_degrees(tmp_path: Path):
 @needs_submitit
 def test_plan_of_a_sweep_shows_each_job_and_its_submission(tmp_path: Path):
     sweep = tmp_path / "sweep"
-    result = run_cli(["-m", "mode=plan", *SLURM, *TINY, "launcher.nnodes=2", "launcher.nproc_per_node=2", "parallelism=fsdp",
-                      "launcher.time=2:00:00", "+launcher.env.QWEN3_TRN_MARK=planned", "training.seed=1,2", f"hydra.sweep.dir={sweep}"],
-                     timeout=300)
+    result = run_cli(
+        [
+            "-m",
+            "mode=plan",
+            *SLURM,
+            *TINY,
+            "launcher.nnodes=2",
+            "launcher.nproc_per_node=2",
+            "parallelism=fsdp",
+            "launcher.time=2:00:00",
+            "+launcher.env.QWEN3_TRN_MARK=planned",
+            "training.seed=1,2",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     manifest = json.loads((sweep / "manifest.json").read_text())
     assert manifest["counts"]["planned"] == 2 and manifest["counts"]["total"] == 2
@@ -136,12 +153,21 @@ def test_plan_of_a_sweep_shows_each_job_and_its_submission(tmp_path: Path):
         # the exact submission: submitit's sbatch script, and what each node runs
         script = job["plan"]["submission"]
         assert script in plan
-        for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --partition=cpu", "#SBATCH --time=120",
-                     "#SBATCH --signal=USR2@120", "export QWEN3_TRN_MARK=planned", "export WANDB_RESUME=allow",
-                     f"-u -m submitit.core._submit {sweep / str(num) / 'slurm'}"):
+        for line in (
+            "#SBATCH --nodes=2",
+            "#SBATCH --ntasks-per-node=1",
+            "#SBATCH --partition=cpu",
+            "#SBATCH --time=120",
+            "#SBATCH --signal=USR2@120",
+            "export QWEN3_TRN_MARK=planned",
+            "export WANDB_RESUME=allow",
+            f"-u -m submitit.core._submit {sweep / str(num) / 'slurm'}",
+        ):
             assert line in script, line
-        assert (f"torchrun --nnodes=2 --nproc_per_node=2 --rdzv_backend=c10d --rdzv_endpoint=<first node of SLURM_JOB_NODELIST>:"
-                f"<20000 + job id % 10000> --rdzv_id=slurm-$SLURM_JOB_ID") in plan
+        assert (
+            "torchrun --nnodes=2 --nproc_per_node=2 --rdzv_backend=c10d --rdzv_endpoint=<first node of SLURM_JOB_NODELIST>:"
+            "<20000 + job id % 10000> --rdzv_id=slurm-$SLURM_JOB_ID"
+        ) in plan
         assert f"#{num} planned   training.seed={seed}: world 4 on Slurm partition cpu" in result.stdout
         assert not (sweep / str(num) / "slurm").exists() and not (sweep / str(num) / "summary.json").exists(), "plan mode submits nothing"
 
@@ -168,8 +194,20 @@ def test_two_job_multirun_on_slurm(slurm_cluster: SlurmCluster, tmp_path: Path):
     from qwen3_trn.records import load_run_config
 
     sweep = tmp_path / "sweep"
-    result = run_cli(["-m", *SLURM, "launcher.wait=true", *TINY, "training.steps=3", "+launcher.env.QWEN3_TRN_MARK=from-config",
-                      "training.seed=1,2", f"hydra.sweep.dir={sweep}"], timeout=400, env=slurm_cluster.env)
+    result = run_cli(
+        [
+            "-m",
+            *SLURM,
+            "launcher.wait=true",
+            *TINY,
+            "training.steps=3",
+            "+launcher.env.QWEN3_TRN_MARK=from-config",
+            "training.seed=1,2",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        timeout=400,
+        env=slurm_cluster.env,
+    )
     assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
     manifest = json.loads((sweep / "manifest.json").read_text())
     assert manifest["counts"]["completed"] == 2 and manifest["complete"] is True
@@ -192,7 +230,7 @@ def test_two_job_multirun_on_slurm(slurm_cluster: SlurmCluster, tmp_path: Path):
         assert "export QWEN3_TRN_MARK=from-config" in submitted and "#SBATCH --partition=cpu" in submitted
         assert submitted == sbatch_script(load_run_config(str(run_dir / "config.yaml")), 1, run_dir / "slurm")
     assert len(job_ids) == 2
-    assert "2 jobs: 2 completed, 0 failed" in result.stdout and f"[sweep] #0 submitted training.seed=1: Slurm job" in result.stdout
+    assert "2 jobs: 2 completed, 0 failed" in result.stdout and "[sweep] #0 submitted training.seed=1: Slurm job" in result.stdout
 
 
 @needs_submitit
@@ -221,8 +259,11 @@ def test_scancel_shows_cancelled_in_the_sweep_manifest(slurm_cluster: SlurmClust
     sweep = tmp_path / "sweep"
     cpus = slurm_cluster.run("sinfo", "-h", "-o", "%c").stdout.split()[0]
     # each job takes every CPU of the node: job #1 waits in the queue while #0 runs
-    result = run_cli(["-m", *SLURM, *TINY, "training.steps=100000", f"launcher.cpus_per_task={cpus}", "training.seed=1,2",
-                      f"hydra.sweep.dir={sweep}"], timeout=300, env=slurm_cluster.env)
+    result = run_cli(
+        ["-m", *SLURM, *TINY, "training.steps=100000", f"launcher.cpus_per_task={cpus}", "training.seed=1,2", f"hydra.sweep.dir={sweep}"],
+        timeout=300,
+        env=slurm_cluster.env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"2 jobs: 0 completed, 0 failed, 0 skipped(, \d (submitted|pending|running))+ ", result.stdout), result.stdout[-2000:]
     assert "python -m qwen3_trn.status" in result.stdout
@@ -252,8 +293,16 @@ def test_scancel_shows_cancelled_in_the_sweep_manifest(slurm_cluster: SlurmClust
 def test_requeued_job_resumes_from_its_checkpoint(slurm_env: SlurmCluster, tmp_path: Path):
     run_dir = tmp_path / "run"
     # logger=wandb (offline): the resumed job continues the same wandb run
-    overrides = [*SLURM, "model=tiny", "logger=wandb", "training.seq_len=64", "optimizer.warmup_steps=1", "training.steps=8",
-                 "checkpoint=on", "checkpoint.interval=2"]
+    overrides = [
+        *SLURM,
+        "model=tiny",
+        "logger=wandb",
+        "training.seq_len=64",
+        "optimizer.warmup_steps=1",
+        "training.steps=8",
+        "checkpoint=on",
+        "checkpoint.interval=2",
+    ]
     summary = _execute(overrides, run_dir)
     assert summary["status"] == "submitted"
     job_id = summary["slurm"]["job_id"]
@@ -265,8 +314,12 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_env: SlurmCluster, tmp_p
 
     from qwen3_trn.launch.slurm.state import refresh_runs
 
-    final = _wait_until(lambda: next((s for s in refresh_runs([run_dir]) if s["status"] in ("completed", "failed", "cancelled")), None),
-                        240, "the requeued job's end", poll=2)
+    final = _wait_until(
+        lambda: next((s for s in refresh_runs([run_dir]) if s["status"] in ("completed", "failed", "cancelled")), None),
+        240,
+        "the requeued job's end",
+        poll=2,
+    )
     assert final["status"] == "completed", _job_log(run_dir)[-3000:]
     runs = slurm_env.run("sacct", "-n", "-D", "-X", "-P", "-j", job_id, "-o", "State").stdout.split()
     assert runs == ["REQUEUED", "COMPLETED"], runs

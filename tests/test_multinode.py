@@ -24,16 +24,30 @@ def _free_port() -> int:
 
 def test_two_node_fsdp_run_on_one_machine(tmp_path):
     endpoint, run_id = f"127.0.0.1:{_free_port()}", f"twonode-{uuid.uuid4().hex[:8]}"
-    common = ["launcher.nnodes=2", "launcher.nproc_per_node=1", f"launcher.rdzv_endpoint={endpoint}",
-              f"launcher.rdzv_id={run_id}", "parallelism=single", "logger=none", "training.steps=4", "training.seq_len=64"]
+    common = [
+        "launcher.nnodes=2",
+        "launcher.nproc_per_node=1",
+        f"launcher.rdzv_endpoint={endpoint}",
+        f"launcher.rdzv_id={run_id}",
+        "parallelism=single",
+        "logger=none",
+        "training.steps=4",
+        "training.seq_len=64",
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     nodes = [
-        subprocess.Popen([sys.executable, "-m", "qwen3_trn", *common, f"hydra.run.dir={tmp_path / f'node{n}'}"],
-                         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-m", "qwen3_trn", *common, f"hydra.run.dir={tmp_path / f'node{n}'}"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for n in range(2)
     ]
     outputs = [node.communicate(timeout=600) for node in nodes]
-    for node, (out, err) in zip(nodes, outputs):
+    for node, (_out, err) in zip(nodes, outputs):
         assert node.returncode == 0, err[-3000:]
     # exactly one node hosted global rank 0 and wrote the metrics
     with_metrics = [n for n in range(2) if (tmp_path / f"node{n}" / "metrics.jsonl").exists()]

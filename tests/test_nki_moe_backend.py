@@ -12,7 +12,9 @@ from tests.conftest import FAST, assert_trained, compose_config, read_summary, r
 
 
 def test_seed_reduced_moe_swaps_every_expert_module(tmp_path):
-    cfg = compose_config(["backend=nki_moe", "model=30B-A3B", "model.n_layers=4", "model.num_experts=64", "model.top_k=4", "mode=plan"], tmp_path)
+    cfg = compose_config(
+        ["backend=nki_moe", "model=30B-A3B", "model.n_layers=4", "model.num_experts=64", "model.top_k=4", "mode=plan"], tmp_path
+    )
     prepared = prepare(to_run_config(cfg))
     experts = [layer.moe.routed_experts.inner_experts for layer in prepared.trainer_config.model_spec.model.layers]
     assert len(experts) == 4
@@ -52,7 +54,9 @@ def test_nki_moe_trains_on_cpu_with_portable_kernel(run_dir):
 
 @pytest.mark.slow
 def test_nki_moe_compiles_with_inductor(run_dir):
-    result = run_cli(["backend=nki_moe", "compile=inductor", "logger=none", "training.steps=3", "training.seq_len=64"], run_dir, timeout=900)
+    result = run_cli(
+        ["backend=nki_moe", "compile=inductor", "logger=none", "training.steps=3", "training.seq_len=64"], run_dir, timeout=900
+    )
     records = assert_trained(result, run_dir, steps=3)
     assert all(r["loss"] > 0 for r in records)
     assert read_summary(run_dir)["kernel"] == "padded_bmm"

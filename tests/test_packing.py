@@ -67,8 +67,17 @@ def test_more_devices_than_the_machine_has_is_refused(tmp_path):
 def test_packed_sweep_of_four_jobs_on_two_cores(tmp_path):
     sweep_dir = tmp_path / "sweep"
     result = run_cli(
-        ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "launcher.devices_per_job=1", "logger=none",
-         "training.steps=3", "training.seq_len=64", "training.seed=1,2,3,4", f"hydra.sweep.dir={sweep_dir}"],
+        [
+            "-m",
+            "hydra/launcher=joblib",
+            "hydra.launcher.n_jobs=2",
+            "launcher.devices_per_job=1",
+            "logger=none",
+            "training.steps=3",
+            "training.seq_len=64",
+            "training.seed=1,2,3,4",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
         env={"QWEN3_TRN_SLOTS_DIR": str(tmp_path / "slots")},
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -29,18 +29,32 @@ def _val_loss(step: int, backend: str, top_k: int) -> float:
     return _loss(step, backend, top_k) + 0.2
 
 
-def fake_run(run_dir: Path, overrides: list[str], backend: str, top_k: int, steps: int = 4, status: str = "completed",
-             val_tokens: str = "ab" * 32) -> None:
+def fake_run(
+    run_dir: Path, overrides: list[str], backend: str, top_k: int, steps: int = 4, status: str = "completed", val_tokens: str = "ab" * 32
+) -> None:
     """A run directory as a training run leaves it (metrics.jsonl with validations after step 1 and
     at the last step, summary.json, overrides.yaml)."""
     run_dir.mkdir(parents=True)
-    records = [{"step": s, "loss": _loss(s, backend, top_k), "grad_norm": 1.0, "tokens_per_s": 1000.0 * top_k + s,
-                "memory_peak_gib": 0.5 * top_k, "mfu_pct": 1.5, "lr_AdamW": 1e-3} for s in range(1, steps + 1)]
+    records = [
+        {
+            "step": s,
+            "loss": _loss(s, backend, top_k),
+            "grad_norm": 1.0,
+            "tokens_per_s": 1000.0 * top_k + s,
+            "memory_peak_gib": 0.5 * top_k,
+            "mfu_pct": 1.5,
+            "lr_AdamW": 1e-3,
+        }
+        for s in range(1, steps + 1)
+    ]
     for record in (records[0], records[-1]):
-        record.update(val_loss=_val_loss(record["step"], backend, top_k), val_perplexity=math.exp(_val_loss(record["step"], backend, top_k)))
+        record.update(
+            val_loss=_val_loss(record["step"], backend, top_k), val_perplexity=math.exp(_val_loss(record["step"], backend, top_k))
+        )
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (run_dir / "summary.json").write_text(json.dumps({"status": status, "backend": backend, "wall_time_s": 12.5,
-                                                      "validation_tokens_sha256": val_tokens}))
+    (run_dir / "summary.json").write_text(
+        json.dumps({"status": status, "backend": backend, "wall_time_s": 12.5, "validation_tokens_sha256": val_tokens})
+    )
     (run_dir / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
 
 
@@ -55,8 +69,15 @@ def sweep(tmp_path) -> Path:
         jobs.append({"num": num, "overrides": overrides, "run_dir": str(sweep_dir / str(num)), "status": "completed"})
     skipped = ["backend=native", "model.top_k=4", "model=tiny", "training.steps=4"]
     (sweep_dir / "4").mkdir()
-    jobs.append({"num": 4, "overrides": skipped, "run_dir": str(sweep_dir / "4"), "status": "skipped",
-                 "reason": "model.top_k: model=debugmodel is a dense flavor"})
+    jobs.append(
+        {
+            "num": 4,
+            "overrides": skipped,
+            "run_dir": str(sweep_dir / "4"),
+            "status": "skipped",
+            "reason": "model.top_k: model=debugmodel is a dense flavor",
+        }
+    )
     (sweep_dir / "manifest.json").write_text(json.dumps({"group": "g1", "swept_keys": ["backend", "model.top_k"], "jobs": jobs}))
     return sweep_dir
 
@@ -143,8 +164,9 @@ def test_report_over_run_directories_on_the_command_line(sweep, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "2 runs (completed); swept: backend, model.top_k" in done.stdout
     assert (out / "report.html").read_text().count("<tr data-run=") == 2
-    missing = subprocess.run([sys.executable, "-m", "qwen3_trn.report", str(tmp_path / "nope")], cwd=REPO,
-                             capture_output=True, text=True, timeout=300)
+    missing = subprocess.run(
+        [sys.executable, "-m", "qwen3_trn.report", str(tmp_path / "nope")], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
@@ -152,8 +174,14 @@ def test_publish_without_key_says_so_and_writes_the_local_report(sweep, tmp_path
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env["HOME"] = str(tmp_path)  # no ~/.netrc from `wandb login`
     out = tmp_path / "pub"
-    done = subprocess.run([sys.executable, "-m", "qwen3_trn.report", str(sweep), "--publish", "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "qwen3_trn.report", str(sweep), "--publish", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     assert re.search(r"wandb Report not published: (wandb-workspaces is not installed|no wandb API key)", done.stdout)
     assert (out / "report.html").is_file() and "not published" in (out / "report.html").read_text()

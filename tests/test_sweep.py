@@ -17,7 +17,6 @@ import pytest
 from qwen3_trn.backends import BACKENDS
 from tests.conftest import chromium, needs_chromium, offline_wandb_files, read_metrics, read_offline_wandb_run, run_cli
 
-
 # Tiny and short: each trained job is a few seconds after the first one's imports.
 TINY = ["training.steps=3", "training.seq_len=64", "optimizer.warmup_steps=1"]
 
@@ -92,7 +91,9 @@ def test_moe_grid_sweep_tracks_every_job_and_reports(moe_grid):
     manifest = manifest_of(sweep_dir)
     assert manifest["counts"] == {"completed": 4, "failed": 0, "skipped": 0, "total": 4}
     assert manifest["experiment"] == "moe_grid" and manifest["swept_keys"] == ["model.top_k", "model.n_layers"]
-    combos = {(job["num"], tuple(o for o in job["overrides"] if o.startswith(("model.top_k", "model.n_layers")))) for job in manifest["jobs"]}
+    combos = {
+        (job["num"], tuple(o for o in job["overrides"] if o.startswith(("model.top_k", "model.n_layers")))) for job in manifest["jobs"]
+    }
     assert {c[1] for c in combos} == {(f"model.top_k={k}", f"model.n_layers={n}") for k in (1, 2) for n in (1, 2)}
     assert len({job["run_dir"] for job in manifest["jobs"]}) == 4
     for job in manifest["jobs"]:
@@ -105,9 +106,21 @@ def test_moe_grid_sweep_tracks_every_job_and_reports(moe_grid):
     assert runs[0].config["model"]["top_k"] in (1, 2)
 
     # wandb's own tool reads the same run: tags are a list, group and job type as logged
-    leet = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--summary", "--json",
-                           str(offline_wandb_files(Path(manifest["jobs"][0]["run_dir"]))[0])],
-                          capture_output=True, text=True, timeout=120)
+    leet = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wandb",
+            "leet",
+            "inspect",
+            "--summary",
+            "--json",
+            str(offline_wandb_files(Path(manifest["jobs"][0]["run_dir"]))[0]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert leet.returncode == 0, leet.stderr
     seen = json.loads(leet.stdout)
     assert seen["tags"] == runs[0].tags and seen["run_id"] == runs[0].id and seen["name"] == runs[0].name
@@ -122,8 +135,16 @@ def test_moe_grid_sweep_tracks_every_job_and_reports(moe_grid):
     # the sweep's own report: every job, plots, final loss vs each swept key, heatmaps of the grid
     html = (sweep_dir / "report.html").read_text()
     assert html.count("<tr data-run=") == 4
-    for plot in ("loss_vs_step", "tokens_per_s", "peak_memory", "final_loss_vs_model.top_k", "final_loss_vs_model.n_layers",
-                 "heatmap_val_loss", "heatmap_tokens_per_s", "heatmap_peak_memory"):
+    for plot in (
+        "loss_vs_step",
+        "tokens_per_s",
+        "peak_memory",
+        "final_loss_vs_model.top_k",
+        "final_loss_vs_model.n_layers",
+        "heatmap_val_loss",
+        "heatmap_tokens_per_s",
+        "heatmap_peak_memory",
+    ):
         assert f'id="{plot}"' in html
     with (sweep_dir / "report.csv").open() as handle:
         rows = list(csv.DictReader(handle))
@@ -163,7 +184,7 @@ def test_moe_grid_heatmap_is_drawn_in_a_real_browser(moe_grid, tmp_path):
 
     pixels = list(getattr(Image.open(shot).convert("RGB"), "get_flattened_data", Image.open(shot).convert("RGB").getdata)())
     for cell in cells:
-        want = tuple(int(cell["color"][i:i + 2], 16) for i in (1, 3, 5))
+        want = tuple(int(cell["color"][i : i + 2], 16) for i in (1, 3, 5))
         area = sum(1 for p in pixels if all(abs(a - b) <= 3 for a, b in zip(p, want)))
         assert area > 1500, (cell, area)  # a cell is ~100 x 60 px
 
@@ -211,14 +232,21 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path):
     assert html.count("<tr data-run=") == 4 and 'data-status="failed"' in html and 'data-status="skipped"' in html
 
     # the summary can be printed again from the manifest, with the same exit status
-    again = subprocess.run([sys.executable, "-m", "qwen3_trn.sweep", str(sweep_dir)], cwd=Path(__file__).resolve().parents[1],
-                           capture_output=True, text=True, timeout=120)
+    again = subprocess.run(
+        [sys.executable, "-m", "qwen3_trn.sweep", str(sweep_dir)],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode == 1 and "#2 FAILED" in again.stdout
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not {"native", "hf_v5", "nki_moe"} <= set(BACKENDS),
-                    reason=f"the three-mode sweep needs backends native, hf_v5 and nki_moe; registered: {', '.join(BACKENDS)}")
+@pytest.mark.skipif(
+    not {"native", "hf_v5", "nki_moe"} <= set(BACKENDS),
+    reason=f"the three-mode sweep needs backends native, hf_v5 and nki_moe; registered: {', '.join(BACKENDS)}",
+)
 def test_three_modes_side_by_side(tmp_path):
     sweep_dir = tmp_path / "modes"
     result = run_sweep(["experiment=modes", *TINY], sweep_dir)

@@ -101,8 +101,19 @@ def test_a_split_without_documents_is_refused_at_the_first_validation(tmp_path):
     path.write_text('{"text": "one"}\n{"text": "two"}\n')  # 1 % of 2 documents holds out none
     cfg = to_run_config(compose_config(["data=files", f"data.path={path}"], tmp_path))
     config = validator_config(cfg.validation, cfg.data, last_step=cfg.training.steps)
-    validator = RunValidator(config, seq_len=64, local_batch_size=2, parallelism=None, dp_world_size=1, dp_rank=0, tokenizer=None,
-                             parallel_dims=None, loss_fn=None, validation_context=None, metrics_processor=None)
+    validator = RunValidator(
+        config,
+        seq_len=64,
+        local_batch_size=2,
+        parallelism=None,
+        dp_world_size=1,
+        dp_rank=0,
+        tokenizer=None,
+        parallel_dims=None,
+        loss_fn=None,
+        validation_context=None,
+        metrics_processor=None,
+    )
     with pytest.raises(ValueError, match="holds no documents.*data.val_path.*validation=off"):
         validator.validate([], step=1)  # before torchtitan's loader would loop over nothing
 
@@ -155,8 +166,7 @@ def test_metrics_line_of_a_validated_step_carries_the_held_out_loss(tmp_path):
 # Real runs
 # --------------------------------------------------------------------------------------------
 
-RUN = ["training.steps=4", "training.seq_len=64", "optimizer.warmup_steps=1", "logger=none", "validation.interval=2",
-       "validation.steps=3"]
+RUN = ["training.steps=4", "training.seq_len=64", "optimizer.warmup_steps=1", "logger=none", "validation.interval=2", "validation.steps=3"]
 
 # The same Trainer.Config straight through torchtitan's Python API, with torchtitan's own
 # Validator (stock Validator.Config) on the held-out corpus registered here, and torchtitan's
@@ -230,8 +240,14 @@ def test_val_loss_is_torchtitans_validator_loss(tmp_path):
     project = {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
     assert sorted(project) == [1, 2, 4]  # after step 1, every 2 steps, and the last step
 
-    done = subprocess.run([sys.executable, "-c", TITAN_DIRECT, str(tmp_path / "direct"), *RUN], cwd=REPO, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    done = subprocess.run(
+        [sys.executable, "-c", TITAN_DIRECT, str(tmp_path / "direct"), *RUN],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     direct = json.loads(done.stdout.strip().splitlines()[-1])
     titan = {int(step): loss for step, loss in direct["val"].items()}

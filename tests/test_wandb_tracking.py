@@ -74,15 +74,21 @@ def test_only_the_metrics_rank_starts_wandb(tmp_path, monkeypatch):
 
     monkeypatch.setattr(metrics, "start_wandb", lambda run_dir, info: started.append(run_dir.name) or FakeRun())
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    layouts = {"dp2": SimpleNamespace(pp_enabled=False, dp_replicate=1, dp_shard=2, world_size=2, pp=1),
-               "pp2": SimpleNamespace(pp_enabled=True, dp_replicate=1, dp_shard=2, world_size=4, pp=2)}
+    layouts = {
+        "dp2": SimpleNamespace(pp_enabled=False, dp_replicate=1, dp_shard=2, world_size=2, pp=1),
+        "pp2": SimpleNamespace(pp_enabled=True, dp_replicate=1, dp_shard=2, world_size=4, pp=2),
+    }
     for layout, ranks in (("dp2", range(2)), ("pp2", range(4))):
         for rank in ranks:
             monkeypatch.setattr(dist, "get_rank", lambda rank=rank: rank)
             processor = object.__new__(metrics.RunMetricsProcessor)
             processor._jsonl = processor._wandb = None
-            config = metrics.RunMetricsProcessor.Config(enable_wandb=True, run_dir=str(tmp_path / f"{layout}-rank{rank}"), console_progress=False)
-            built = processor._build_metric_logger(config=config, parallel_dims=layouts[layout], dump_folder=str(tmp_path), pp_schedule="1F1B")
+            config = metrics.RunMetricsProcessor.Config(
+                enable_wandb=True, run_dir=str(tmp_path / f"{layout}-rank{rank}"), console_progress=False
+            )
+            built = processor._build_metric_logger(
+                config=config, parallel_dims=layouts[layout], dump_folder=str(tmp_path), pp_schedule="1F1B"
+            )
             assert not any(isinstance(child, WandBLogger) for child in getattr(built, "_loggers", []))
             if processor._jsonl is not None:
                 processor._jsonl.close()
@@ -95,8 +101,14 @@ def test_other_loggers_and_no_wandb(tmp_path):
     tensorboard writes its event file and no wandb run; none neither. The report works from the
     metrics files alone."""
     sweep_dir = tmp_path / "loggers"
-    args = ["-m", "logger=tensorboard,none", "training.steps=2", "training.seq_len=64", "optimizer.warmup_steps=1",
-            f"hydra.sweep.dir={sweep_dir}"]
+    args = [
+        "-m",
+        "logger=tensorboard,none",
+        "training.steps=2",
+        "training.seq_len=64",
+        "optimizer.warmup_steps=1",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     result = run_cli(args, timeout=900)
     assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
     manifest = json.loads((sweep_dir / "manifest.json").read_text())

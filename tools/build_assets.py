@@ -336,9 +336,7 @@ def iter_module_texts(
             mod = _import_quietly(name)
             if mod is None:
                 continue
-            texts = [
-                t for h, d in _runtime_sections(mod) if (t := fresh(h, d, f"Module {name}")) is not None
-            ]
+            texts = [t for h, d in _runtime_sections(mod) if (t := fresh(h, d, f"Module {name}")) is not None]
             if texts:
                 yield name, texts
 

@@ -2,8 +2,8 @@
 torchtitan trains (``native``, ``hf_v5``, ``nki_moe``), each a ``Backend`` in ``BACKENDS``."""
 
 from qwen3_trn.backends.base import Backend
-from qwen3_trn.backends.native import NATIVE
 from qwen3_trn.backends.hf_v5 import HF_V5
+from qwen3_trn.backends.native import NATIVE
 from qwen3_trn.backends.nki_moe import NKI_MOE
 from qwen3_trn.errors import ConfigError
 

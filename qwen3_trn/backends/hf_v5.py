@@ -42,7 +42,10 @@ def experts_implementations() -> tuple[str, ...]:
     from torchtitan.experiments.transformers_modeling_backend import TitanMoeModelConfig
 
     return tuple(get_args(TitanMoeModelConfig.__dataclass_fields__["experts_implementation"].type)) or (
-        "grouped_mm", "batched_mm", "eager", "native",
+        "grouped_mm",
+        "batched_mm",
+        "eager",
+        "native",
     )
 
 

@@ -41,7 +41,9 @@ def _kernel_name(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) ->
     except KernelUnavailableError as exc:
         raise ConfigError("backend.kernels", str(exc)) from exc
     except ValueError as exc:
-        raise ConfigError("backend.kernels", f"{exc} Use kernels=auto, kernels=portable or a kernel name listed in qwen3_trn/kernels/README.md.") from exc
+        raise ConfigError(
+            "backend.kernels", f"{exc} Use kernels=auto, kernels=portable or a kernel name listed in qwen3_trn/kernels/README.md."
+        ) from exc
 
 
 def _model_spec(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> ModelSpec:

@@ -43,7 +43,9 @@ def apply_titan_overrides(config: Any, overrides: dict[str, Any]) -> list[str]:
             if depth == len(parts) - 1:
                 current = getattr(target, part)
                 if dataclasses.is_dataclass(current) and not dataclasses.is_dataclass(value):
-                    raise ConfigError(f"titan.{path}", f"is a config section ({type(current).__qualname__}); set one of its fields instead.")
+                    raise ConfigError(
+                        f"titan.{path}", f"is a config section ({type(current).__qualname__}); set one of its fields instead."
+                    )
                 setattr(target, part, value)
             else:
                 target = getattr(target, part)

@@ -15,8 +15,10 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 from qwen3_trn.config.schema import OPTION_SCHEMAS, RunConfig
 from qwen3_trn.errors import ConfigError
 
-FIX = ("Remove it or check the spelling (python -m qwen3_trn --cfg job lists every key); "
-       "torchtitan fields without a key here go under +titan.<path>=<value>.")
+FIX = (
+    "Remove it or check the spelling (python -m qwen3_trn --cfg job lists every key); "
+    "torchtitan fields without a key here go under +titan.<path>=<value>."
+)
 
 
 def run_config_from_container(plain: dict[str, Any]) -> RunConfig:

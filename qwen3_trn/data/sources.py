@@ -144,7 +144,9 @@ def _files_documents(data: DataConfig) -> _Documents:
 
 def _hub_documents(data: DataConfig, split: str | None = None) -> _Documents:
     if not data.path:
-        raise ConfigError("data.path", "data=hub needs data.path=<dataset id on the Hugging Face hub>, e.g. data.path=roneneldan/TinyStories.")
+        raise ConfigError(
+            "data.path", "data=hub needs data.path=<dataset id on the Hugging Face hub>, e.g. data.path=roneneldan/TinyStories."
+        )
     return _Documents(data.path, partial(_load_hub, data.name, split or data.split, data.streaming), data.text_column)
 
 

@@ -37,10 +37,7 @@ def _probe_cpu() -> DeviceSpec:
 
 def _probe_cuda() -> DeviceSpec:
     if not torch.cuda.is_available():
-        raise DeviceAbsent(
-            f"torch.cuda.is_available() is False (torch {torch.__version__}, "
-            f"CUDA build: {torch.version.cuda or 'none'})"
-        )
+        raise DeviceAbsent(f"torch.cuda.is_available() is False (torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'})")
     return DeviceSpec(
         type="cuda",
         count=torch.cuda.device_count(),
@@ -115,7 +112,6 @@ def resolve_device(requested: str) -> DeviceSpec:
     if isinstance(spec, str):
         raise ConfigError(
             "device",
-            f"device={requested} was requested but is not available here: {spec}. "
-            "Use device=auto (or device=cpu) on this machine.",
+            f"device={requested} was requested but is not available here: {spec}. Use device=auto (or device=cpu) on this machine.",
         )
     return spec

@@ -24,6 +24,4 @@ class DeviceSpec:
     # In-process adaptations of torchtitan for this device, given the compute dtype (once per process).
     activate: Callable[[str], None] = field(default=lambda compute_dtype: None, repr=False, compare=False)
     # Rewrites a ModelSpec for this device (e.g. CPU collectives); identity elsewhere.
-    adapt_model_spec: Callable[[ModelSpec], ModelSpec] = field(
-        default=lambda spec: spec, repr=False, compare=False
-    )
+    adapt_model_spec: Callable[[ModelSpec], ModelSpec] = field(default=lambda spec: spec, repr=False, compare=False)

@@ -37,8 +37,13 @@ from qwen3_trn.config.schema import CheckpointConfig
 from qwen3_trn.errors import ConfigError
 
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-    "chat_template.jinja", "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "generation_config.json",
 )
 STAGING_SUFFIX = ".partial"
 

@@ -73,9 +73,7 @@ class TiedLMHead(nn.Module):
 
 def is_tied(model: nn.Module) -> bool:
     head, embedding = model.lm_head, model.tok_embeddings
-    return isinstance(head, TiedLMHead) or (
-        getattr(head, "weight", None) is not None and head.weight is getattr(embedding, "weight", None)
-    )
+    return isinstance(head, TiedLMHead) or (getattr(head, "weight", None) is not None and head.weight is getattr(embedding, "weight", None))
 
 
 def keep_embeddings_tied(model: nn.Module) -> bool:

@@ -25,7 +25,6 @@ from torchtitan.experiments.transformers_modeling_backend.state_dict_adapter imp
 from qwen3_trn.models.hf_config import architecture_from_hf
 from qwen3_trn.models.qwen3 import build_model_config
 
-
 # HF-backend (after the "model." prefix is stripped) <-> native torchtitan Qwen3 MoE names.
 _BACKEND_MOE = re.compile(r"^model\.layers\.(\d+)\.mlp\.(router\.gate\.weight|routed_experts\.inner_experts\.w[123]\w*)$")
 _NATIVE_MOE = re.compile(r"^layers\.(\d+)\.moe\.(router\.gate\.weight|routed_experts\.inner_experts\.w[123]\w*)$")
@@ -35,9 +34,22 @@ _TITAN_ONLY = re.compile(r"^model\.layers\.\d+\.mlp\.(expert_bias\w*|tokens_per_
 
 def _hf_config_values(model_config: Any) -> dict[str, Any]:
     keys = (
-        "architectures", "model_type", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-        "num_hidden_layers", "vocab_size", "max_position_embeddings", "rope_parameters", "tie_word_embeddings",
-        "intermediate_size", "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+        "architectures",
+        "model_type",
+        "hidden_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "num_hidden_layers",
+        "vocab_size",
+        "max_position_embeddings",
+        "rope_parameters",
+        "tie_word_embeddings",
+        "intermediate_size",
+        "num_experts",
+        "num_local_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
     )
     return {k: getattr(model_config, k) for k in keys if getattr(model_config, k, None) is not None}
 

@@ -18,12 +18,32 @@ from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.hf_config import hf_config_dict
 
 DENSE = Qwen3Architecture(
-    n_layers=2, dim=64, n_heads=4, n_kv_heads=2, head_dim=16, vocab_size=2048, max_seq_len=256,
-    rope_theta=1_000_000.0, fuse_qkv=True, tie_embeddings=True, hidden_dim=128,
+    n_layers=2,
+    dim=64,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=16,
+    vocab_size=2048,
+    max_seq_len=256,
+    rope_theta=1_000_000.0,
+    fuse_qkv=True,
+    tie_embeddings=True,
+    hidden_dim=128,
 )
 MOE = Qwen3Architecture(
-    n_layers=2, dim=64, n_heads=4, n_kv_heads=2, head_dim=16, vocab_size=2048, max_seq_len=256,
-    rope_theta=1_000_000.0, fuse_qkv=True, tie_embeddings=False, num_experts=4, top_k=2, moe_hidden_dim=32,
+    n_layers=2,
+    dim=64,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=16,
+    vocab_size=2048,
+    max_seq_len=256,
+    rope_theta=1_000_000.0,
+    fuse_qkv=True,
+    tie_embeddings=False,
+    num_experts=4,
+    top_k=2,
+    moe_hidden_dim=32,
 )
 
 

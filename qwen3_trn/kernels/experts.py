@@ -72,16 +72,12 @@ class KernelGroupedExperts(GroupedExperts):
 
     def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
         # Under EP/TP the local shards are what the kernel sees (as in GroupedExperts).
-        w1_EFD, w2_EDF, w3_EFD = (
-            w.to_local() if isinstance(w, DTensor) else w for w in (self.w1_EFD, self.w2_EDF, self.w3_EFD)
-        )
+        w1_EFD, w2_EDF, w3_EFD = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1_EFD, self.w2_EDF, self.w3_EFD))
         experts, hidden_dim, dim = w1_EFD.shape
         problem = moe_problem(dim=dim, hidden_dim=hidden_dim, num_experts=experts)
         op = resolve_op(MOE_SWIGLU_EXPERTS.name, self.kernel, x_RD.device.type, problem)
         dtype = x_RD.dtype
-        out_RD, _gate_RF, _up_RF = op(
-            x_RD, w1_EFD.to(dtype), w2_EDF.to(dtype), w3_EFD.to(dtype), num_tokens_per_expert_E
-        )
+        out_RD, _gate_RF, _up_RF = op(x_RD, w1_EFD.to(dtype), w2_EDF.to(dtype), w3_EFD.to(dtype), num_tokens_per_expert_E)
         return out_RD
 
 

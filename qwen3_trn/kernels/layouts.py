@@ -143,9 +143,9 @@ def blockwise_routing(
     rows = torch.arange(num_rows, device=device)
     position_of_row = block_start[expert_of_row] * block_size + (rows - row_start[expert_of_row])
 
-    token_position_to_id = torch.full(
-        (num_blocks * block_size,), num_rows, dtype=torch.int32, device=device
-    ).scatter_(0, position_of_row, rows.to(torch.int32))
+    token_position_to_id = torch.full((num_blocks * block_size,), num_rows, dtype=torch.int32, device=device).scatter_(
+        0, position_of_row, rows.to(torch.int32)
+    )
     block_ids = torch.arange(num_blocks, device=device)
     block_to_expert = torch.searchsorted(block_end, block_ids, right=True).clamp_(max=num_experts - 1)
     return BlockwiseRouting(
@@ -191,9 +191,7 @@ def row_expert_affinities(routing: BlockwiseRouting, num_experts: int, dtype: to
     return affinities.reshape(-1, 1)
 
 
-def block_gate_up_T_to_rows(
-    gate_up_T: torch.Tensor, routing: BlockwiseRouting
-) -> tuple[torch.Tensor, torch.Tensor]:
+def block_gate_up_T_to_rows(gate_up_T: torch.Tensor, routing: BlockwiseRouting) -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel checkpoint ``gate_up_activations_T [N, 2, F, B]`` -> ``(gate [R, F], up [R, F])``."""
     num_blocks, _, hidden, block = gate_up_T.shape
     by_position = gate_up_T.permute(0, 3, 1, 2).reshape(num_blocks * block, 2, hidden)
@@ -253,8 +251,7 @@ def check_token_group_alignment(
     Raises :class:`TokenGroupAlignmentError` with the numbers and a fix when the config cannot
     meet the requirement.
     """
-    for name, value in (("tokens_per_step", tokens_per_step), ("top_k", top_k),
-                        ("num_experts", num_experts), ("alignment", alignment)):
+    for name, value in (("tokens_per_step", tokens_per_step), ("top_k", top_k), ("num_experts", num_experts), ("alignment", alignment)):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise TokenGroupAlignmentError(f"{name} must be a positive integer, got {value!r}")
     if top_k > num_experts:

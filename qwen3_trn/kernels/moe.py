@@ -85,30 +85,32 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -
 
 def _backward(ctx: Any, grad_out, _grad_gate, _grad_up, *, backward_kernel):
     x, w1, w2, w3, num_tokens_per_expert, gate, up, out = ctx.saved_tensors
-    grad_x, grad_w1, grad_w2, grad_w3 = backward_kernel(
-        grad_out.contiguous(), x, w1, w2, w3, num_tokens_per_expert, gate, up, out
-    )
+    grad_x, grad_w1, grad_w2, grad_w3 = backward_kernel(grad_out.contiguous(), x, w1, w2, w3, num_tokens_per_expert, gate, up, out)
     return grad_x, grad_w1, grad_w2, grad_w3, None
 
 
-MOE_SWIGLU_EXPERTS = declare_op(OpDeclaration(
-    name="moe_swiglu_experts",
-    schema="(Tensor x, Tensor w1, Tensor w2, Tensor w3, Tensor num_tokens_per_expert) -> (Tensor, Tensor, Tensor)",
-    fake=_fake_forward,
-    setup_context=_setup_context,
-    backward=_backward,
-    backward_op="moe_swiglu_experts_backward",
-    doc="Grouped SwiGLU expert MLP over rows sorted by expert; returns (out, gate, up).",
-))
-MOE_SWIGLU_EXPERTS_BACKWARD = declare_op(OpDeclaration(
-    name="moe_swiglu_experts_backward",
-    schema=(
-        "(Tensor grad_out, Tensor x, Tensor w1, Tensor w2, Tensor w3, Tensor num_tokens_per_expert, "
-        "Tensor gate, Tensor up, Tensor out) -> (Tensor, Tensor, Tensor, Tensor)"
-    ),
-    fake=_fake_backward,
-    doc="Gradients (x, w1, w2, w3) of moe_swiglu_experts.",
-))
+MOE_SWIGLU_EXPERTS = declare_op(
+    OpDeclaration(
+        name="moe_swiglu_experts",
+        schema="(Tensor x, Tensor w1, Tensor w2, Tensor w3, Tensor num_tokens_per_expert) -> (Tensor, Tensor, Tensor)",
+        fake=_fake_forward,
+        setup_context=_setup_context,
+        backward=_backward,
+        backward_op="moe_swiglu_experts_backward",
+        doc="Grouped SwiGLU expert MLP over rows sorted by expert; returns (out, gate, up).",
+    )
+)
+MOE_SWIGLU_EXPERTS_BACKWARD = declare_op(
+    OpDeclaration(
+        name="moe_swiglu_experts_backward",
+        schema=(
+            "(Tensor grad_out, Tensor x, Tensor w1, Tensor w2, Tensor w3, Tensor num_tokens_per_expert, "
+            "Tensor gate, Tensor up, Tensor out) -> (Tensor, Tensor, Tensor, Tensor)"
+        ),
+        fake=_fake_backward,
+        doc="Gradients (x, w1, w2, w3) of moe_swiglu_experts.",
+    )
+)
 
 
 def moe_problem(*, dim: int, hidden_dim: int, num_experts: int) -> dict[str, int]:
@@ -141,9 +143,7 @@ def _check_inputs(x, w1, w2, w3, num_tokens_per_expert) -> None:
     if x.dim() != 2 or x.shape[1] != dim:
         raise ValueError(f"x must be [R, {dim}], got {tuple(x.shape)}")
     if tuple(w3.shape) != (experts, hidden, dim) or tuple(w2.shape) != (experts, dim, hidden):
-        raise ValueError(
-            f"expected w1/w3 [E, F, D] and w2 [E, D, F]; got {tuple(w1.shape)}, {tuple(w3.shape)}, {tuple(w2.shape)}"
-        )
+        raise ValueError(f"expected w1/w3 [E, F, D] and w2 [E, D, F]; got {tuple(w1.shape)}, {tuple(w3.shape)}, {tuple(w2.shape)}")
     if not (x.dtype == w1.dtype == w2.dtype == w3.dtype):
         raise ValueError(f"x and weights must share a dtype, got {x.dtype}, {w1.dtype}, {w2.dtype}, {w3.dtype}")
     if num_tokens_per_expert.shape != (experts,) or num_tokens_per_expert.is_floating_point():
@@ -154,9 +154,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate).mul_(up)
 
 
-def swiglu_backward(
-    grad_h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def swiglu_backward(grad_h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``h = silu(gate) * up``: returns ``(h, d gate, d up)`` in the inputs' dtype.
 
     Four elementwise passes; ``silu`` and ``silu_backward`` compute in fp32 internally for
@@ -203,7 +201,8 @@ def _grouped_mm_strides_ok(problem: Mapping[str, int]) -> str | None:
 
 
 @register_kernel(
-    "moe_swiglu_experts", "grouped_mm",
+    "moe_swiglu_experts",
+    "grouped_mm",
     devices=("cpu", "cuda", "neuron"),
     priority={"cuda": 20, "*": 10},
     shape_check=_grouped_mm_strides_ok,
@@ -218,7 +217,8 @@ def _grouped_mm_forward(x, w1, w2, w3, num_tokens_per_expert):
 
 
 @register_kernel(
-    "moe_swiglu_experts_backward", "grouped_mm",
+    "moe_swiglu_experts_backward",
+    "grouped_mm",
     devices=("cpu", "cuda", "neuron"),
     priority={"cuda": 20, "*": 10},
     shape_check=_grouped_mm_strides_ok,
@@ -286,7 +286,8 @@ def in_matmul_dtype(kernel):
 # Matmuls write straight into row slices of the outputs (``out=``) and weight-gradient slots, and
 # the SwiGLU runs once over all rows: per expert only the matmuls are launched.
 @register_kernel(
-    "moe_swiglu_experts", "per_expert_mm",
+    "moe_swiglu_experts",
+    "per_expert_mm",
     devices=("cpu", "cuda"),
     priority={"cpu": 20, "*": 5},
 )
@@ -306,7 +307,8 @@ def _per_expert_forward(x, w1, w2, w3, num_tokens_per_expert):
 
 
 @register_kernel(
-    "moe_swiglu_experts_backward", "per_expert_mm",
+    "moe_swiglu_experts_backward",
+    "per_expert_mm",
     devices=("cpu", "cuda"),
     priority={"cpu": 20, "*": 5},
 )

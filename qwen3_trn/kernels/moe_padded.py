@@ -136,9 +136,7 @@ def _padded_forward(x, w1, w2, w3, num_tokens_per_expert):
 def _padded_backward(grad_out, x, w1, w2, w3, num_tokens_per_expert, gate, up, out):
     layout = PaddedExpertRows.of(num_tokens_per_expert, x.shape[0])
     grad_out_p = layout.scatter(grad_out)
-    h_p, grad_gate_p, grad_up_p = swiglu_backward(
-        torch.bmm(grad_out_p, w2), layout.scatter(gate), layout.scatter(up)
-    )
+    h_p, grad_gate_p, grad_up_p = swiglu_backward(torch.bmm(grad_out_p, w2), layout.scatter(gate), layout.scatter(up))
     grad_x = layout.gather(torch.bmm(grad_gate_p, w1).baddbmm_(grad_up_p, w3))
     x_p = layout.scatter(x)
     grad_w1 = torch.bmm(grad_gate_p.transpose(1, 2), x_p)

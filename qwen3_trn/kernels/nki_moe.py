@@ -180,13 +180,25 @@ def _logical_neuron_cores() -> int:
 
 # Positional order of the kernels' documented signatures.
 _MOE_CTE_ARGS = (
-    "hidden_states", "expert_affinities_masked", "gate_up_proj_weight", "down_proj_weight",
-    "token_position_to_id", "block_to_expert", "block_size",
+    "hidden_states",
+    "expert_affinities_masked",
+    "gate_up_proj_weight",
+    "down_proj_weight",
+    "token_position_to_id",
+    "block_to_expert",
+    "block_size",
 )
 _BLOCKWISE_MM_BWD_ARGS = (
-    "hidden_states", "expert_affinities_masked", "gate_up_proj_weight", "down_proj_weight",
-    "gate_up_proj_act_checkpoint_T", "down_proj_act_checkpoint", "token_position_to_id",
-    "block_to_expert", "output_hidden_states_grad", "block_size",
+    "hidden_states",
+    "expert_affinities_masked",
+    "gate_up_proj_weight",
+    "down_proj_weight",
+    "gate_up_proj_act_checkpoint_T",
+    "down_proj_act_checkpoint",
+    "token_position_to_id",
+    "block_to_expert",
+    "output_hidden_states_grad",
+    "block_size",
 )
 
 
@@ -234,9 +246,7 @@ def _nki_backward(
     up: torch.Tensor,
     out: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return nki_moe_backward_with(
-        _launch_blockwise_mm_bwd, grad_out, x, w1, w2, w3, num_tokens_per_expert, gate, up, out
-    )
+    return nki_moe_backward_with(_launch_blockwise_mm_bwd, grad_out, x, w1, w2, w3, num_tokens_per_expert, gate, up, out)
 
 
 def nki_op_factory(qualname: str, fn: Callable[..., Any], decl: OpDeclaration) -> Any:
@@ -253,14 +263,24 @@ def nki_op_factory(qualname: str, fn: Callable[..., Any], decl: OpDeclaration) -
 _NKI_PRIORITY = 100  # above every portable kernel: auto prefers NKI wherever it can run
 
 register_kernel(
-    MOE_SWIGLU_EXPERTS.name, "nki",
-    devices=("neuron",), available=probe_nki, priority=_NKI_PRIORITY, portable=False,
-    shape_check=check_nki_moe_shapes, op_factory=nki_op_factory,
+    MOE_SWIGLU_EXPERTS.name,
+    "nki",
+    devices=("neuron",),
+    available=probe_nki,
+    priority=_NKI_PRIORITY,
+    portable=False,
+    shape_check=check_nki_moe_shapes,
+    op_factory=nki_op_factory,
 )(_nki_forward)
 register_kernel(
-    MOE_SWIGLU_EXPERTS_BACKWARD.name, "nki",
-    devices=("neuron",), available=probe_nki, priority=_NKI_PRIORITY, portable=False,
-    shape_check=check_nki_moe_shapes, op_factory=nki_op_factory,
+    MOE_SWIGLU_EXPERTS_BACKWARD.name,
+    "nki",
+    devices=("neuron",),
+    available=probe_nki,
+    priority=_NKI_PRIORITY,
+    portable=False,
+    shape_check=check_nki_moe_shapes,
+    op_factory=nki_op_factory,
 )(_nki_backward)
 
 
@@ -284,7 +304,7 @@ def blockwise_moe_reference(
     gate_up_T = torch.zeros(num_blocks, 2, hidden, block_size)
     down_activations = torch.zeros(num_blocks, block_size, dim)
     for block in range(num_blocks):
-        ids = token_position_to_id[block * block_size:(block + 1) * block_size].long()
+        ids = token_position_to_id[block * block_size : (block + 1) * block_size].long()
         expert = int(block_to_expert[block, 0])
         gate_up = hidden_states[ids].float() @ gate_up_proj_weight[expert].float().reshape(dim, 2 * hidden)
         gate_up = gate_up.reshape(block_size, 2, hidden)
@@ -318,7 +338,7 @@ def blockwise_moe_backward_reference(
     gate_up_grad = torch.zeros(gate_up_proj_weight.shape)
     down_grad = torch.zeros(down_proj_weight.shape)
     for block in range(block_to_expert.shape[0]):
-        ids = token_position_to_id[block * block_size:(block + 1) * block_size].long()
+        ids = token_position_to_id[block * block_size : (block + 1) * block_size].long()
         expert = int(block_to_expert[block, 0])
         upstream = output_hidden_states_grad[ids].float()
         affinity_grad[ids, expert] += (upstream * down_proj_act_checkpoint[block].float()).sum(dim=1)

@@ -237,10 +237,7 @@ class KernelRegistry:
     def impl(self, op_name: str, impl_name: str) -> KernelImpl:
         impls = self._impls[self.declaration(op_name).name]
         if impl_name not in impls:
-            raise ValueError(
-                f"unknown kernel {impl_name!r} for op {op_name!r}; choose one of "
-                f"{[*SELECTION_POLICIES, *sorted(impls)]}"
-            )
+            raise ValueError(f"unknown kernel {impl_name!r} for op {op_name!r}; choose one of {[*SELECTION_POLICIES, *sorted(impls)]}")
         return impls[impl_name]
 
     def validate_request(self, op_name: str, requested: str) -> None:
@@ -318,11 +315,7 @@ class KernelRegistry:
         problem: Mapping[str, int] | None,
         impls: Mapping[str, KernelImpl],
     ) -> KernelChoice:
-        candidates = [
-            impl
-            for impl in impls.values()
-            if device_type in impl.devices and (impl.portable or policy == AUTO)
-        ]
+        candidates = [impl for impl in impls.values() if device_type in impl.devices and (impl.portable or policy == AUTO)]
         skipped: list[str] = []
         usable: list[KernelImpl] = []
         for impl in candidates:
@@ -333,9 +326,7 @@ class KernelRegistry:
                 skipped.append(f"{impl.name}: {reason}")
         if not usable:
             detail = "; ".join(skipped) or "no kernel is registered for this device"
-            raise KernelUnavailableError(
-                f"no {policy} kernel for {op_name!r} can run on {device_type!r} ({detail})"
-            )
+            raise KernelUnavailableError(f"no {policy} kernel for {op_name!r} can run on {device_type!r} ({detail})")
         best = max(usable, key=lambda impl: impl.priority_on(device_type))
         message = (policy, op_name, device_type, best.name, "; ".join(skipped))
         if skipped and message not in self._logged:

@@ -99,8 +99,13 @@ def start_node_ranks(
         env = {**slice_env, **{key: str(value) for key, value in launcher.env.items()}}
         if job.layout.world_size == 1:
             single_rank = {
-                "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+                "RANK": "0",
+                "LOCAL_RANK": "0",
+                "WORLD_SIZE": "1",
+                "LOCAL_WORLD_SIZE": "1",
+                "GROUP_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port()),
             }
             with environment({**env, **single_rank}):
                 run_worker(job, trainer_config)
@@ -154,7 +159,9 @@ class LocalLauncher(Launcher):
 
 def with_rendezvous(job: WorkerJob, endpoint: str | None, run_id: str) -> WorkerJob:
     """The job with its launcher's rendezvous set (the Slurm job's first node and id)."""
-    launcher = replace(job.cfg.launcher, rdzv_endpoint=job.cfg.launcher.rdzv_endpoint or endpoint, rdzv_id=job.cfg.launcher.rdzv_id or run_id)
+    launcher = replace(
+        job.cfg.launcher, rdzv_endpoint=job.cfg.launcher.rdzv_endpoint or endpoint, rdzv_id=job.cfg.launcher.rdzv_id or run_id
+    )
     return replace(job, cfg=replace(job.cfg, launcher=launcher))
 
 

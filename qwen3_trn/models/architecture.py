@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchtitan.models.common.moe import MoE
-from torchtitan.models.qwen3 import qwen3_configs, Qwen3Model
+from torchtitan.models.qwen3 import Qwen3Model, qwen3_configs
 
 from qwen3_trn.config.schema import ModelConfig
 from qwen3_trn.errors import ConfigError, NotApplicable
@@ -96,9 +96,13 @@ class Qwen3Architecture:
         requested = self.requested_overrides(model)
         wrong_kind = self.keys_of_other_kind(requested)
         if wrong_kind:
-            kind, other = ("an MoE", "hidden_dim applies to dense flavors; use model.moe_hidden_dim") if self.is_moe else (
-                "a dense",
-                "num_experts/top_k/moe_hidden_dim apply to MoE flavors (debugmodel_moe, 30B-A3B, 235B-A22B)",
+            kind, other = (
+                ("an MoE", "hidden_dim applies to dense flavors; use model.moe_hidden_dim")
+                if self.is_moe
+                else (
+                    "a dense",
+                    "num_experts/top_k/moe_hidden_dim apply to MoE flavors (debugmodel_moe, 30B-A3B, 235B-A22B)",
+                )
             )
             raise NotApplicable(f"model.{wrong_kind[0]}", f"model={model.flavor} is {kind} flavor: {other}.")
         return self.replaced(requested)

@@ -42,8 +42,15 @@ KEY = "model.hf_model"
 _DERIVED_KEYS = ("layer_types", "transformers_version", "_name_or_path")
 # Generic PretrainedConfig fields that ``to_dict`` adds and no Qwen3 config.json carries.
 _GENERIC_KEYS = (
-    "output_hidden_states", "output_attentions", "return_dict", "chunk_size_feed_forward",
-    "is_encoder_decoder", "id2label", "label2id", "problem_type", "_name_or_path",
+    "output_hidden_states",
+    "output_attentions",
+    "return_dict",
+    "chunk_size_feed_forward",
+    "is_encoder_decoder",
+    "id2label",
+    "label2id",
+    "problem_type",
+    "_name_or_path",
 )
 
 
@@ -122,8 +129,8 @@ def check_qwen3(config: dict[str, Any], source: str) -> str:
         raise ConfigError(
             KEY,
             f"the config.json of '{source}' has no `architectures` list; torchtitan's transformers backend "
-            f"picks the model class from it. Add \"architectures\": [\"{DENSE_ARCHITECTURE}\"] "
-            f"(or [\"{MOE_ARCHITECTURE}\"] for a Qwen3 MoE) to that config.json.",
+            f'picks the model class from it. Add "architectures": ["{DENSE_ARCHITECTURE}"] '
+            f'(or ["{MOE_ARCHITECTURE}"] for a Qwen3 MoE) to that config.json.',
         )
     name = architectures[0]
     if name not in MODEL_TYPES:

@@ -11,12 +11,12 @@ import dataclasses
 
 from torchtitan.models.common import CosSinRoPE
 from torchtitan.models.qwen3 import (
+    Qwen3Model,
     _build_qwen3_layers,
     _build_qwen3_moe_layers,
     _qwen3_norm,
     model_registry,
     qwen3_configs,
-    Qwen3Model,
 )
 from torchtitan.protocols.model import ModelConfigConverter
 from torchtitan.protocols.model_spec import ModelSpec
@@ -56,9 +56,7 @@ def build_model_config(flavor: str, arch: Qwen3Architecture, inner_attention: Mo
     config.dim = arch.dim
     config.vocab_size = arch.vocab_size
     config.norm = _qwen3_norm(arch.dim)
-    config.tok_embeddings = dataclasses.replace(
-        config.tok_embeddings, num_embeddings=arch.vocab_size, embedding_dim=arch.dim
-    )
+    config.tok_embeddings = dataclasses.replace(config.tok_embeddings, num_embeddings=arch.vocab_size, embedding_dim=arch.dim)
     config.lm_head = dataclasses.replace(config.lm_head, in_features=arch.dim, out_features=arch.vocab_size)
     for layer in config.layers:
         layer.attention.inner_attention = dataclasses.replace(inner_attention)

@@ -42,13 +42,16 @@ def _notes(collection: Collection) -> list[str]:
             notes.append(f"{run.label}: no per-step metrics found (no metrics.jsonl)")
     digests = {run.figures.get("validation_tokens_sha256") for run in collection.runs if "val_loss" in run.figures}
     if len(digests) > 1:
-        notes.append("the runs evaluated different validation tokens (validation_tokens_sha256 differs), so their val_loss "
-                     "are not on the same text; set validation.seq_len and validation.local_batch_size to compare them")
+        notes.append(
+            "the runs evaluated different validation tokens (validation_tokens_sha256 differs), so their val_loss "
+            "are not on the same text; set validation.seq_len and validation.local_batch_size to compare them"
+        )
     return notes
 
 
-def build_report(paths: list[Path | str], out_dir: Path | str | None = None, publish: bool = False,
-                 title: str | None = None) -> ReportResult:
+def build_report(
+    paths: list[Path | str], out_dir: Path | str | None = None, publish: bool = False, title: str | None = None
+) -> ReportResult:
     from qwen3_trn.report.render import make_plots, render_html, render_markdown, write_csv
 
     collection = collect([Path(p) for p in paths])
@@ -64,8 +67,14 @@ def build_report(paths: list[Path | str], out_dir: Path | str | None = None, pub
         published, line = publish_report(collection, title)
         notes.append(line)
     plots = make_plots(collection)
-    result = ReportResult(html=out / "report.html", markdown=out / "report.md", csv=out / "report.csv",
-                          collection=collection, notes=notes, published=published)
+    result = ReportResult(
+        html=out / "report.html",
+        markdown=out / "report.md",
+        csv=out / "report.csv",
+        collection=collection,
+        notes=notes,
+        published=published,
+    )
     result.html.write_text(render_html(collection, plots, notes))
     result.markdown.write_text(render_markdown(collection, plots, notes))
     write_csv(result.csv, collection)

@@ -15,8 +15,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("paths", nargs="+", help="a sweep directory, run directories, or folders holding them")
     parser.add_argument("--out", help="where to write the report (default: the one directory given, else .)")
-    parser.add_argument("--publish", action="store_true",
-                        help="also publish a wandb Report (needs wandb-workspaces, an API key and the network)")
+    parser.add_argument(
+        "--publish", action="store_true", help="also publish a wandb Report (needs wandb-workspaces, an API key and the network)"
+    )
     parser.add_argument("--title", help="report title")
     args = parser.parse_args(argv)
     try:

@@ -72,7 +72,7 @@ def _svg(fig, prefix: str) -> str:
         fig.savefig(buffer, format="svg", bbox_inches="tight")
     plt.close(fig)
     text = buffer.getvalue()
-    text = text[text.index("<svg"):]
+    text = text[text.index("<svg") :]
     own = f"{prefix}-"
     text = re.sub(r'\bid="(?!' + re.escape(own) + r')([^"]+)"', lambda m: f'id="{own}{m.group(1)}"', text)
     return re.sub(r'(url\(#|href="#)(?!' + re.escape(own) + r')([^")]+)', lambda m: f"{m.group(1)}{own}{m.group(2)}", text)
@@ -117,20 +117,38 @@ def plot_loss(runs: list[RunData]) -> Plot | None:
         color = f"C{index % 10}"
         train = [(r["step"], r["loss"]) for r in run.records if "loss" in r]
         held_out = [(r["step"], r["val_loss"]) for r in run.records if "val_loss" in r]
-        ax.plot([p[0] for p in train], [p[1] for p in train], color=color, marker="o", markersize=2.5, linewidth=1.2,
-                label=f"{run.label} (train)")
+        ax.plot(
+            [p[0] for p in train],
+            [p[1] for p in train],
+            color=color,
+            marker="o",
+            markersize=2.5,
+            linewidth=1.2,
+            label=f"{run.label} (train)",
+        )
         if held_out:
             any_val = True
-            ax.plot([p[0] for p in held_out], [p[1] for p in held_out], color=color, marker="D", markersize=5,
-                    linestyle="--", linewidth=1.5, label=f"{run.label} (validation)")
+            ax.plot(
+                [p[0] for p in held_out],
+                [p[1] for p in held_out],
+                color=color,
+                marker="D",
+                markersize=5,
+                linestyle="--",
+                linewidth=1.5,
+                label=f"{run.label} (validation)",
+            )
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title("Training and validation loss vs step" if any_val else "Training loss vs step")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    caption = "solid: training loss of each step; dashed diamonds: held-out validation loss" if any_val else \
-        "one line per run, from each run's per-step record"
+    caption = (
+        "solid: training loss of each step; dashed diamonds: held-out validation loss"
+        if any_val
+        else "one line per run, from each run's per-step record"
+    )
     return Plot("loss_vs_step", "Loss vs step", png=_png(fig), caption=caption)
 
 
@@ -198,8 +216,9 @@ def plot_final_vs(runs: list[RunData], key: str, keys: list[str]) -> Plot | None
     return Plot(f"final_loss_vs_{key}", f"Final loss vs {key}", png=_png(fig), caption=f"{name} of each run; {kind}")
 
 
-def plot_heatmap(runs: list[RunData], keys: list[str], figure_key: str, title: str, fmt: str, plot_id: str,
-                 cmap: str = "viridis") -> Plot | None:
+def plot_heatmap(
+    runs: list[RunData], keys: list[str], figure_key: str, title: str, fmt: str, plot_id: str, cmap: str = "viridis"
+) -> Plot | None:
     """``figure_key`` over the grid of two swept keys (rows: the first, columns: the second)."""
     row_key, column_key = keys
     done = [r for r in trained(runs) if r.figures.get(figure_key) is not None and row_key in r.params and column_key in r.params]
@@ -232,8 +251,17 @@ def plot_heatmap(runs: list[RunData], keys: list[str], figure_key: str, title: s
             ax.add_patch(Rectangle((j, i), 1, 1, facecolor=color, edgecolor="white", linewidth=2, gid=f"{plot_id}-cell-{i}-{j}"))
             text = format(value, fmt)
             luminance = 0.2126 * rgba[0] + 0.7152 * rgba[1] + 0.0722 * rgba[2]
-            ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=11, fontweight="bold",
-                    color="black" if luminance > 0.5 else "white", gid=f"{plot_id}-value-{i}-{j}")
+            ax.text(
+                j + 0.5,
+                i + 0.5,
+                text,
+                ha="center",
+                va="center",
+                fontsize=11,
+                fontweight="bold",
+                color="black" if luminance > 0.5 else "white",
+                gid=f"{plot_id}-value-{i}-{j}",
+            )
             cells.append(HeatmapCell(i, j, value, text, color))
     ax.set_xlim(0, len(columns))
     ax.set_ylim(len(rows), 0)
@@ -246,8 +274,15 @@ def plot_heatmap(runs: list[RunData], keys: list[str], figure_key: str, title: s
     for spine in ax.spines.values():
         spine.set_visible(False)
     fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=colormap), ax=ax, fraction=0.05, pad=0.04)
-    return Plot(plot_id, title, svg=_svg(fig, plot_id), caption=f"{title} for each {row_key} x {column_key}",
-                rows=(row_key, rows), columns=(column_key, columns), cells=cells)
+    return Plot(
+        plot_id,
+        title,
+        svg=_svg(fig, plot_id),
+        caption=f"{title} for each {row_key} x {column_key}",
+        rows=(row_key, rows),
+        columns=(column_key, columns),
+        cells=cells,
+    )
 
 
 def grid_keys(runs: list[RunData], swept_keys: list[str]) -> list[str]:
@@ -281,4 +316,3 @@ def make_plots(runs: list[RunData], swept_keys: list[str]) -> list[Plot]:
         plots.append(plot_bars(runs, "mfu_pct", "MFU", "% of peak", "mfu"))
     plots += [plot_final_vs(runs, key, swept_keys) for key in swept_keys]
     return [p for p in plots if p is not None]
-

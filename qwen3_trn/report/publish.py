@@ -27,8 +27,11 @@ GRID_FIGURES = (("tokens_per_s", "tokens/s"), ("peak_memory_gib", "peak memory (
 
 def _offline_dirs(collection: Collection) -> list[Path]:
     """The offline wandb run directories the runs' summaries name."""
-    return [Path(run.wandb_dir) for run in collection.runs
-            if run.wandb_dir and Path(run.wandb_dir).name.startswith("offline-run-") and Path(run.wandb_dir).is_dir()]
+    return [
+        Path(run.wandb_dir)
+        for run in collection.runs
+        if run.wandb_dir and Path(run.wandb_dir).name.startswith("offline-run-") and Path(run.wandb_dir).is_dir()
+    ]
 
 
 def publish_report(collection: Collection, title: str | None = None) -> tuple[bool, str]:
@@ -95,14 +98,26 @@ def report_panels(wr, collection: Collection) -> list:
         if _numeric_key(collection, key):
             panels.append(wr.ScatterPlot(title=f"{name} vs {key}", x=_axis(wr, collection, key), y=wr.SummaryMetric(figure_key)))
         else:
-            panels.append(wr.BarPlot(title=f"{name} by {key}", metrics=[wr.SummaryMetric(figure_key)],
-                                     groupby=_axis(wr, collection, key), groupby_aggfunc="mean"))
+            panels.append(
+                wr.BarPlot(
+                    title=f"{name} by {key}",
+                    metrics=[wr.SummaryMetric(figure_key)],
+                    groupby=_axis(wr, collection, key),
+                    groupby_aggfunc="mean",
+                )
+            )
     grid = grid_keys(collection.runs, collection.swept_keys)
     if len(grid) == 2:
         rows, columns = grid
         for key, title in ((figure_key, name), *GRID_FIGURES):
-            panels.append(wr.ScatterPlot(title=f"heatmap: {title} over {rows} x {columns}", x=_axis(wr, collection, columns),
-                                         y=_axis(wr, collection, rows), z=wr.SummaryMetric(key)))
+            panels.append(
+                wr.ScatterPlot(
+                    title=f"heatmap: {title} over {rows} x {columns}",
+                    x=_axis(wr, collection, columns),
+                    y=_axis(wr, collection, rows),
+                    z=wr.SummaryMetric(key),
+                )
+            )
     return panels
 
 

@@ -40,20 +40,55 @@ def _fmt(value: Any, digits: int = 4) -> str:
 
 
 def table_rows(collection: Collection) -> tuple[list[str], list[list[Any]]]:
-    header = ["run", "job", "status", *collection.swept_keys, "mode", "steps", "first_loss", "final_loss", "min_loss",
-              "val_loss", "val_perplexity", "tokens_per_s", "peak_memory_gib", "mfu_pct", "wall_time_s",
-              "validation_tokens_sha256", "source", "wandb_run_id", "run_dir", "note"]
+    header = [
+        "run",
+        "job",
+        "status",
+        *collection.swept_keys,
+        "mode",
+        "steps",
+        "first_loss",
+        "final_loss",
+        "min_loss",
+        "val_loss",
+        "val_perplexity",
+        "tokens_per_s",
+        "peak_memory_gib",
+        "mfu_pct",
+        "wall_time_s",
+        "validation_tokens_sha256",
+        "source",
+        "wandb_run_id",
+        "run_dir",
+        "note",
+    ]
     rows = []
     for run in collection.runs:
         f = run.figures
-        rows.append([
-            run.label, run.num if run.num is not None else "", run.status,
-            *(run.params.get(k, "") for k in collection.swept_keys),
-            run.backend or run.params.get("backend", ""), f.get("steps_logged", ""),
-            f.get("first_loss"), f.get("last_loss"), f.get("min_loss"), f.get("val_loss"), f.get("val_perplexity"),
-            f.get("tokens_per_s"), f.get("peak_memory_gib"), f.get("mfu_pct"), f.get("wall_time_s"),
-            f.get("validation_tokens_sha256"), run.source, run.wandb_run_id or "", str(run.run_dir or ""), run.note,
-        ])
+        rows.append(
+            [
+                run.label,
+                run.num if run.num is not None else "",
+                run.status,
+                *(run.params.get(k, "") for k in collection.swept_keys),
+                run.backend or run.params.get("backend", ""),
+                f.get("steps_logged", ""),
+                f.get("first_loss"),
+                f.get("last_loss"),
+                f.get("min_loss"),
+                f.get("val_loss"),
+                f.get("val_perplexity"),
+                f.get("tokens_per_s"),
+                f.get("peak_memory_gib"),
+                f.get("mfu_pct"),
+                f.get("wall_time_s"),
+                f.get("validation_tokens_sha256"),
+                run.source,
+                run.wandb_run_id or "",
+                str(run.run_dir or ""),
+                run.note,
+            ]
+        )
     return header, rows
 
 
@@ -78,9 +113,12 @@ def _markdown_grid(plot: Plot) -> list[str]:
     """A heatmap as a Markdown table: rows and columns of the two swept keys, values in the cells."""
     (row_key, rows), (column_key, columns) = plot.rows, plot.columns
     values = {(c.row, c.column): c.text for c in plot.cells}
-    lines = [f"**{plot.title}** (rows: {row_key}, columns: {column_key})", "",
-             "| " + " | ".join([_md_cell(f"{row_key} \\ {column_key}"), *map(_md_cell, columns)]) + " |",
-             "|" + "---|" * (len(columns) + 1)]
+    lines = [
+        f"**{plot.title}** (rows: {row_key}, columns: {column_key})",
+        "",
+        "| " + " | ".join([_md_cell(f"{row_key} \\ {column_key}"), *map(_md_cell, columns)]) + " |",
+        "|" + "---|" * (len(columns) + 1),
+    ]
     for i, row in enumerate(rows):
         lines.append("| " + " | ".join([_md_cell(row), *(values.get((i, j), "n/a") for j in range(len(columns)))]) + " |")
     return lines + [""]
@@ -168,8 +206,18 @@ def _figure_html(plot: Plot) -> str:
 def render_html(collection: Collection, plots: list[Plot], notes: list[str]) -> str:
     esc = html.escape
     header, rows = table_rows(collection)
-    numeric = {"first_loss", "final_loss", "min_loss", "val_loss", "val_perplexity", "tokens_per_s", "peak_memory_gib", "mfu_pct",
-               "wall_time_s", "steps"}
+    numeric = {
+        "first_loss",
+        "final_loss",
+        "min_loss",
+        "val_loss",
+        "val_perplexity",
+        "tokens_per_s",
+        "peak_memory_gib",
+        "mfu_pct",
+        "wall_time_s",
+        "steps",
+    }
     head = "".join(f"<th>{esc(h)}</th>" for h in header)
     body = []
     for run, row in zip(collection.runs, rows):
@@ -185,9 +233,9 @@ def render_html(collection: Collection, plots: list[Plot], notes: list[str]) -> 
 <body>
 <h1>{esc(collection.title)}</h1>
 <p id="counts">{esc(_counts_line(_counts(collection), collection))}</p>
-{f'<ul class="notes">{notes_html}</ul>' if notes else ''}
+{f'<ul class="notes">{notes_html}</ul>' if notes else ""}
 <section id="plots">
-{figures or '<p>No trained run to plot.</p>'}
+{figures or "<p>No trained run to plot.</p>"}
 </section>
 <h2>Runs</h2>
 <table id="runs"><thead><tr>{head}</tr></thead>

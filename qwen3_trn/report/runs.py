@@ -88,9 +88,16 @@ def load_run(run_dir: Path, job: dict[str, Any] | None = None) -> RunData:
     summary = _read_json(run_dir / "summary.json") or {}
     overrides = _read_overrides(run_dir)
     wandb = summary.get("wandb") or {}
-    run = RunData(run_dir=run_dir if run_dir.exists() else None, status=job.get("status") or summary.get("status") or "unknown",
-                  num=job.get("num"), backend=summary.get("backend"), wandb_run_id=summary.get("wandb_run_id") or job.get("wandb_run_id"),
-                  wandb_group=wandb.get("group"), wandb=wandb, wandb_dir=(summary.get("wandb_run") or {}).get("run_dir"))
+    run = RunData(
+        run_dir=run_dir if run_dir.exists() else None,
+        status=job.get("status") or summary.get("status") or "unknown",
+        num=job.get("num"),
+        backend=summary.get("backend"),
+        wandb_run_id=summary.get("wandb_run_id") or job.get("wandb_run_id"),
+        wandb_group=wandb.get("group"),
+        wandb=wandb,
+        wandb_dir=(summary.get("wandb_run") or {}).get("run_dir"),
+    )
     run.overrides = overrides if overrides is not None else list(job.get("overrides", []))
     run.note = job.get("reason") or job.get("error") or ""
     run.records = _read_metrics(run_dir)
@@ -157,8 +164,10 @@ def collect(paths: list[Path]) -> Collection:
             seen.add(run_dir.resolve())
             runs.append(load_run(run_dir))
     if not runs:
-        raise ReportError(f"no runs found in {', '.join(map(str, paths))} (a run directory holds summary.json / metrics.jsonl; "
-                          "a sweep directory holds manifest.json)")
+        raise ReportError(
+            f"no runs found in {', '.join(map(str, paths))} (a run directory holds summary.json / metrics.jsonl; "
+            "a sweep directory holds manifest.json)"
+        )
     for run in runs:
         if run.wandb_group and run.wandb_group not in groups and run.status == "completed":
             groups.append(run.wandb_group)

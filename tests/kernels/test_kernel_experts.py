@@ -26,9 +26,7 @@ def _shapes(module):
 
 def test_converter_replaces_every_grouped_experts_config_through_model_registry():
     original = model_registry("debugmodel_moe", attn_backend="flex").model
-    converted = model_registry(
-        "debugmodel_moe", attn_backend="flex", converters=[KernelExpertsConverter.Config(kernel="portable")]
-    ).model
+    converted = model_registry("debugmodel_moe", attn_backend="flex", converters=[KernelExpertsConverter.Config(kernel="portable")]).model
     before, after = _expert_configs(original), _expert_configs(converted)
     assert len(after) == len(before) == len(converted.layers) == 8
     for old, new in zip(before, after):

@@ -91,8 +91,11 @@ def test_row_and_block_activations_round_trip_exactly():
 def test_max_num_blocks_is_the_worst_case_over_all_routings():
     for rows, experts, block in itertools.product(range(0, 9), (1, 2, 3), (1, 2, 3)):
         worst = max(
-            (sum(math.ceil(c / block) for c in split)
-             for split in itertools.product(range(rows + 1), repeat=experts) if sum(split) == rows),
+            (
+                sum(math.ceil(c / block) for c in split)
+                for split in itertools.product(range(rows + 1), repeat=experts)
+                if sum(split) == rows
+            ),
             default=0,
         )
         assert max_num_blocks(rows, experts, block) == worst, (rows, experts, block)

@@ -29,10 +29,16 @@ def _scale_registry(namespace: str) -> tuple[KernelRegistry, dict[str, int]]:
     def backward(ctx, grad, *, backward_kernel):
         return backward_kernel(grad)
 
-    registry.declare_op(OpDeclaration(
-        name="scale", schema="(Tensor x) -> Tensor", fake=torch.empty_like,
-        setup_context=setup_context, backward=backward, backward_op="scale_backward",
-    ))
+    registry.declare_op(
+        OpDeclaration(
+            name="scale",
+            schema="(Tensor x) -> Tensor",
+            fake=torch.empty_like,
+            setup_context=setup_context,
+            backward=backward,
+            backward_op="scale_backward",
+        )
+    )
     registry.declare_op(OpDeclaration(name="scale_backward", schema="(Tensor g) -> Tensor", fake=torch.empty_like))
 
     def vendor_probe():
@@ -41,12 +47,10 @@ def _scale_registry(namespace: str) -> tuple[KernelRegistry, dict[str, int]]:
 
     for op_name, factor in (("scale", 2.0), ("scale_backward", 2.0)):
         registry.register_kernel(op_name, "slow", devices=("cpu", "cuda"), priority=1)(lambda x, f=factor: x * f)
-        registry.register_kernel(op_name, "fast", devices=("cpu",), priority={"cpu": 5, "*": 0})(
-            lambda x, f=factor: x.mul(f)
+        registry.register_kernel(op_name, "fast", devices=("cpu",), priority={"cpu": 5, "*": 0})(lambda x, f=factor: x.mul(f))
+        registry.register_kernel(op_name, "vendor", devices=("cpu", "neuron"), available=vendor_probe, priority=100, portable=False)(
+            lambda x, f=factor: x * f
         )
-        registry.register_kernel(
-            op_name, "vendor", devices=("cpu", "neuron"), available=vendor_probe, priority=100, portable=False
-        )(lambda x, f=factor: x * f)
     return registry, probe_calls
 
 
@@ -87,8 +91,9 @@ def test_registration_errors():
     with pytest.raises(ValueError, match="already declared"):
         registry.declare_op(OpDeclaration(name="scale", schema="(Tensor x) -> Tensor", fake=torch.empty_like))
     with pytest.raises(ValueError, match="backward_op"):
-        OpDeclaration(name="x", schema="(Tensor x) -> Tensor", fake=torch.empty_like,
-                      setup_context=lambda *a: None, backward=lambda *a: None)
+        OpDeclaration(
+            name="x", schema="(Tensor x) -> Tensor", fake=torch.empty_like, setup_context=lambda *a: None, backward=lambda *a: None
+        )
 
 
 def test_each_kernel_is_its_own_torch_op_with_the_shared_autograd():
@@ -174,12 +179,20 @@ def _declare_rope_layout_ops(registry: KernelRegistry) -> None:
     def backward(ctx, grad, *, backward_kernel):
         return backward_kernel(grad)
 
-    for name, inverse in (("interleaved_to_half_split", "half_split_to_interleaved"),
-                          ("half_split_to_interleaved", "interleaved_to_half_split")):
-        registry.declare_op(OpDeclaration(
-            name=name, schema="(Tensor x) -> Tensor", fake=torch.empty_like,
-            setup_context=setup_context, backward=backward, backward_op=inverse,
-        ))
+    for name, inverse in (
+        ("interleaved_to_half_split", "half_split_to_interleaved"),
+        ("half_split_to_interleaved", "interleaved_to_half_split"),
+    ):
+        registry.declare_op(
+            OpDeclaration(
+                name=name,
+                schema="(Tensor x) -> Tensor",
+                fake=torch.empty_like,
+                setup_context=setup_context,
+                backward=backward,
+                backward_op=inverse,
+            )
+        )
     registry.register_kernel("interleaved_to_half_split", "index_select", devices=("cpu",))(
         lambda x: x.index_select(-1, _half_split_permutation(x.shape[-1]))
     )
@@ -201,8 +214,9 @@ def test_adding_an_operator_is_one_declaration_and_one_registration():
     assert torch.autograd.gradcheck(to_half_split, (x,))
     op = registry.select_kernel("interleaved_to_half_split", "auto", "cpu").op
     assert op is torch.ops.qwen3_trn_test_new_op.interleaved_to_half_split__index_select.default
-    torch.library.opcheck(op, (torch.randn(3, 8, requires_grad=True),),
-                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    torch.library.opcheck(
+        op, (torch.randn(3, 8, requires_grad=True),), test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
+    )
     # and it compiles as one opaque node, selection resolved at trace time
     torch._dynamo.reset()
     compiled = torch.compile(lambda t: to_half_split(t) * 2, backend="aot_eager", fullgraph=True)

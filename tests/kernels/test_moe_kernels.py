@@ -49,7 +49,7 @@ def _fp64_reference(x, w1, w2, w3, counts, grad):
     x, w1, w2, w3 = (t.detach().double().requires_grad_() for t in (x, w1, w2, w3))
     outs, start = [], 0
     for expert, count in enumerate(counts.tolist()):
-        rows = x[start:start + count]
+        rows = x[start : start + count]
         h = torch.nn.functional.silu(rows @ w1[expert].t()) * (rows @ w3[expert].t())
         outs.append(h @ w2[expert].t())
         start += count
@@ -138,8 +138,7 @@ def _fp32_inputs(counts, seed=2):
     generator = torch.Generator().manual_seed(seed)
     rows = int(counts.sum())
     x = torch.randn(rows, D, generator=generator).requires_grad_()
-    weights = [(torch.randn(*shape, generator=generator) * 0.2).requires_grad_()
-               for shape in ((E, F, D), (E, D, F), (E, F, D))]
+    weights = [(torch.randn(*shape, generator=generator) * 0.2).requires_grad_() for shape in ((E, F, D), (E, D, F), (E, F, D))]
     return x, weights, torch.randn(rows, D, generator=generator)
 
 
@@ -243,9 +242,7 @@ def test_opcheck_schema_fake_and_autograd_registration(kernel):
     op = KERNELS.select_kernel("moe_swiglu_experts", kernel, "cpu").op
     x = torch.randn(int(COUNTS.sum()), D, requires_grad=True)
     weights = [torch.randn(*shape, requires_grad=True) for shape in ((E, F, D), (E, D, F), (E, F, D))]
-    torch.library.opcheck(
-        op, (x, *weights, COUNTS), test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
-    )
+    torch.library.opcheck(op, (x, *weights, COUNTS), test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
 def test_fake_tensor_shapes_of_forward_and_backward():
@@ -279,9 +276,7 @@ def test_nki_plumbing_with_reference_kernels_matches_portable_kernel():
         out, gate, up = nki_moe_forward_with(blockwise_moe_reference, x, *weights, COUNTS, block_size=block_size)
         for got, want in zip((out, gate, up), expected):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-        grads = nki_moe_backward_with(
-            blockwise_moe_backward_reference, grad, x, *weights, COUNTS, gate, up, out, block_size=block_size
-        )
+        grads = nki_moe_backward_with(blockwise_moe_backward_reference, grad, x, *weights, COUNTS, gate, up, out, block_size=block_size)
         for got, want in zip(grads, expected_grads):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
@@ -310,25 +305,52 @@ def _install_fake_neuron_stack(monkeypatch, calls):
     def wrap_nki(kernel):
         return _Launcher(kernel)
 
-    def moe_cte(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
-                token_position_to_id, block_to_expert, block_size, spec, conditions=None):
+    def moe_cte(
+        hidden_states,
+        expert_affinities_masked,
+        gate_up_proj_weight,
+        down_proj_weight,
+        token_position_to_id,
+        block_to_expert,
+        block_size,
+        spec,
+        conditions=None,
+    ):
         calls.append(("moe_cte", spec.implementation, spec.shard_on_I.checkpoint_activation))
         return blockwise_moe_reference(
-            hidden_states=hidden_states, expert_affinities_masked=expert_affinities_masked,
-            gate_up_proj_weight=gate_up_proj_weight, down_proj_weight=down_proj_weight,
-            token_position_to_id=token_position_to_id, block_to_expert=block_to_expert, block_size=block_size,
+            hidden_states=hidden_states,
+            expert_affinities_masked=expert_affinities_masked,
+            gate_up_proj_weight=gate_up_proj_weight,
+            down_proj_weight=down_proj_weight,
+            token_position_to_id=token_position_to_id,
+            block_to_expert=block_to_expert,
+            block_size=block_size,
         )
 
-    def blockwise_mm_bwd(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
-                         gate_up_proj_act_checkpoint_T, down_proj_act_checkpoint, token_position_to_id,
-                         block_to_expert, output_hidden_states_grad, block_size, skip_dma=None):
+    def blockwise_mm_bwd(
+        hidden_states,
+        expert_affinities_masked,
+        gate_up_proj_weight,
+        down_proj_weight,
+        gate_up_proj_act_checkpoint_T,
+        down_proj_act_checkpoint,
+        token_position_to_id,
+        block_to_expert,
+        output_hidden_states_grad,
+        block_size,
+        skip_dma=None,
+    ):
         calls.append(("blockwise_mm_bwd", block_size))
         return blockwise_moe_backward_reference(
-            hidden_states=hidden_states, expert_affinities_masked=expert_affinities_masked,
-            gate_up_proj_weight=gate_up_proj_weight, down_proj_weight=down_proj_weight,
+            hidden_states=hidden_states,
+            expert_affinities_masked=expert_affinities_masked,
+            gate_up_proj_weight=gate_up_proj_weight,
+            down_proj_weight=down_proj_weight,
             gate_up_proj_act_checkpoint_T=gate_up_proj_act_checkpoint_T,
-            down_proj_act_checkpoint=down_proj_act_checkpoint, token_position_to_id=token_position_to_id,
-            block_to_expert=block_to_expert, output_hidden_states_grad=output_hidden_states_grad,
+            down_proj_act_checkpoint=down_proj_act_checkpoint,
+            token_position_to_id=token_position_to_id,
+            block_to_expert=block_to_expert,
+            output_hidden_states_grad=output_hidden_states_grad,
             block_size=block_size,
         )
 
@@ -336,8 +358,15 @@ def _install_fake_neuron_stack(monkeypatch, calls):
     module("nki")
     module("torch_neuronx", nki_op=nki_op, wrap_nki=wrap_nki)
     module("torch_neuronx.utils", get_logical_neuron_cores=lambda: 2)
-    for name in ("nkilib", "nkilib.core", "nkilib.core.moe", "nkilib.core.moe.moe_cte",
-                 "nkilib.experimental", "nkilib.experimental.moe", "nkilib.experimental.moe.bwd"):
+    for name in (
+        "nkilib",
+        "nkilib.core",
+        "nkilib.core.moe",
+        "nkilib.core.moe.moe_cte",
+        "nkilib.experimental",
+        "nkilib.experimental.moe",
+        "nkilib.experimental.moe.bwd",
+    ):
         module(name)
     module(
         "nkilib.core.moe.moe_cte.moe_cte",
@@ -353,8 +382,7 @@ def test_nki_kernel_contract_with_a_stand_in_neuron_stack(monkeypatch):
     """Registers the nki kernel through nki_op into a private registry and runs fwd+bwd on the
     stand-ins: checks the factory, the schema from annotations, the shared autograd and the
     positional argument order of both kernel launches."""
-    from qwen3_trn.kernels import KernelRegistry
-    from qwen3_trn.kernels import nki_moe
+    from qwen3_trn.kernels import KernelRegistry, nki_moe
 
     calls: list = []
     _install_fake_neuron_stack(monkeypatch, calls)
@@ -363,8 +391,9 @@ def test_nki_kernel_contract_with_a_stand_in_neuron_stack(monkeypatch):
     registry.declare_op(moe_module.MOE_SWIGLU_EXPERTS)
     registry.declare_op(moe_module.MOE_SWIGLU_EXPERTS_BACKWARD)
     for op_name, fn in (("moe_swiglu_experts", nki_moe._nki_forward), ("moe_swiglu_experts_backward", nki_moe._nki_backward)):
-        registry.register_kernel(op_name, "nki", devices=("neuron",), available=nki_moe.probe_nki,
-                                 portable=False, op_factory=nki_moe.nki_op_factory)(fn)
+        registry.register_kernel(
+            op_name, "nki", devices=("neuron",), available=nki_moe.probe_nki, portable=False, op_factory=nki_moe.nki_op_factory
+        )(fn)
     op = registry.select_kernel("moe_swiglu_experts", "nki", "neuron").op
 
     rows = int(COUNTS.sum())

@@ -75,14 +75,16 @@ class SlurmLauncher(Launcher):
             ranks = "a single rank: SlurmTrainJob runs the worker in the job's own process (no rendezvous)"
         else:
             ranks = "each node's elastic agent starts its ranks like:\n" + torchrun
-        section = "\n".join([
-            f"where: {where(cfg, layout.nnodes)}",
-            f"sbatch script (submitit writes it to {folder}/<job id>_submission.sh and submits it with sbatch):",
-            script.rstrip(),
-            "",
-            f"submitit runs qwen3_trn.launch.slurm.SlurmTrainJob('{run_dir}') on each node: {ranks}",
-            f"logs: {folder}/<job id>_<node>_log.out / .err; states: python -m qwen3_trn.status {run_dir}",
-        ])
+        section = "\n".join(
+            [
+                f"where: {where(cfg, layout.nnodes)}",
+                f"sbatch script (submitit writes it to {folder}/<job id>_submission.sh and submits it with sbatch):",
+                script.rstrip(),
+                "",
+                f"submitit runs qwen3_trn.launch.slurm.SlurmTrainJob('{run_dir}') on each node: {ranks}",
+                f"logs: {folder}/<job id>_<node>_log.out / .err; states: python -m qwen3_trn.status {run_dir}",
+            ]
+        )
         return LaunchDescription(
             where=where(cfg, layout.nnodes), torchrun=torchrun, submission=script, sections={"Slurm submission (not submitted)": section}
         )
@@ -94,7 +96,10 @@ class SlurmLauncher(Launcher):
         try:
             import submitit
         except ImportError:
-            raise ConfigError("launcher", "launcher=slurm submits through submitit, which is not installed: pip install 'qwen3_trn[slurm]' (or pip install submitit).") from None
+            raise ConfigError(
+                "launcher",
+                "launcher=slurm submits through submitit, which is not installed: pip install 'qwen3_trn[slurm]' (or pip install submitit).",
+            ) from None
 
         cfg, layout = prepared.cfg, prepared.layout
         run_dir = Path(cfg.output_dir).resolve()

@@ -78,7 +78,17 @@ class SlurmTrainJob:
         run_dir = Path(self.run_dir)
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         if lead:
-            update_summary(run_dir, status=RunStatus.running, slurm={"state": "RUNNING", "job_id": str(env.job_id), "hostnames": env.hostnames, "restarts": restarts, "started": time.time()})
+            update_summary(
+                run_dir,
+                status=RunStatus.running,
+                slurm={
+                    "state": "RUNNING",
+                    "job_id": str(env.job_id),
+                    "hostnames": env.hostnames,
+                    "restarts": restarts,
+                    "started": time.time(),
+                },
+            )
         try:
             resolved = resolve(cfg)
             job = WorkerJob(cfg=cfg, device_type=resolved.device.type, layout=resolved.layout)
@@ -94,7 +104,9 @@ class SlurmTrainJob:
                 term.restore()
                 time.sleep(90)
             if lead:
-                update_summary(run_dir, status=RunStatus.failed, job_error=describe_error(exc), slurm={"state": "FAILED", "ended": time.time()})
+                update_summary(
+                    run_dir, status=RunStatus.failed, job_error=describe_error(exc), slurm={"state": "FAILED", "ended": time.time()}
+                )
             raise
         if lead:
             if restarts:  # the summary over every step once, after a resume
@@ -108,5 +120,7 @@ class SlurmTrainJob:
 
         summary = read_summary(Path(self.run_dir))
         requeues = int((summary.get("slurm") or {}).get("requeues", 0)) + 1
-        update_summary(Path(self.run_dir), status=RunStatus.pending, slurm={"state": "REQUEUED", "requeues": requeues, "requeued": time.time()})
+        update_summary(
+            Path(self.run_dir), status=RunStatus.pending, slurm={"state": "REQUEUED", "requeues": requeues, "requeued": time.time()}
+        )
         return DelayedSubmission(self, *args, **kwargs)

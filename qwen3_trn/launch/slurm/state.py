@@ -123,8 +123,10 @@ def wait_for_run(run_dir: Path, poll: float = 2.0, follow: bool = True) -> RunSt
             if status not in FINAL_STATUSES:
                 time.sleep(poll)
     except KeyboardInterrupt:
-        print(f"\n[slurm] stopped waiting; job {job_id} goes on (state: python -m qwen3_trn.status {run_dir}; "
-              f"cancel: scancel {job_id})", flush=True)
+        print(
+            f"\n[slurm] stopped waiting; job {job_id} goes on (state: python -m qwen3_trn.status {run_dir}; cancel: scancel {job_id})",
+            flush=True,
+        )
         return RunStatus.submitted
     if follow:
         _print_new(log, offset)
@@ -133,7 +135,11 @@ def wait_for_run(run_dir: Path, poll: float = 2.0, follow: bool = True) -> RunSt
         return status
     summary = read_summary(run_dir)
     error = summary.get("job_error") or job_error(slurm)
-    print(f"error: Slurm job {job_id} ended {seen}" + (f": {error}" if error else "") + f"\n  log: {slurm['stderr']}", file=sys.stderr, flush=True)
+    print(
+        f"error: Slurm job {job_id} ended {seen}" + (f": {error}" if error else "") + f"\n  log: {slurm['stderr']}",
+        file=sys.stderr,
+        flush=True,
+    )
     raise SlurmJobEnded(status)
 
 

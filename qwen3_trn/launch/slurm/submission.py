@@ -29,7 +29,9 @@ def time_minutes(value: Any) -> int:
     text = str(value).strip()
     match = re.fullmatch(r"(?:(\d+)-)?(\d+(?::\d+){0,2})", text)
     if not match:
-        raise ConfigError("launcher.time", f"'{text}' is not a Slurm time limit; use minutes (60), HH:MM:SS (4:00:00) or D-HH:MM:SS (1-12:00:00).")
+        raise ConfigError(
+            "launcher.time", f"'{text}' is not a Slurm time limit; use minutes (60), HH:MM:SS (4:00:00) or D-HH:MM:SS (1-12:00:00)."
+        )
     days, rest = match.group(1), [int(p) for p in match.group(2).split(":")]
     if days is not None:
         hours, minutes, seconds = (rest + [0, 0])[:3]
@@ -41,7 +43,10 @@ def time_minutes(value: Any) -> int:
     else:
         total = rest[0] * 60
     if total < 60:
-        raise ConfigError("launcher.time", f"'{text}' is under one minute; give the job at least 1 minute (10 or more to be requeued on preemption, see README).")
+        raise ConfigError(
+            "launcher.time",
+            f"'{text}' is under one minute; give the job at least 1 minute (10 or more to be requeued on preemption, see README).",
+        )
     return math.ceil(total / 60)
 
 
@@ -88,11 +93,16 @@ def partitions() -> tuple[dict[str, int], str | None]:
         )
     conf = os.environ.get("SLURM_CONF")
     if conf and not Path(conf).is_file():
-        raise ConfigError("launcher", f"launcher=slurm, but SLURM_CONF={conf} does not exist ({_how_looked()}); point SLURM_CONF at the cluster's slurm.conf or unset it.")
+        raise ConfigError(
+            "launcher",
+            f"launcher=slurm, but SLURM_CONF={conf} does not exist ({_how_looked()}); point SLURM_CONF at the cluster's slurm.conf or unset it.",
+        )
     try:
         done = subprocess.run(["sinfo", "-h", "-o", "%P|%D"], capture_output=True, text=True, timeout=30)
     except subprocess.TimeoutExpired:
-        raise ConfigError("launcher", f"launcher=slurm, but `sinfo` got no answer from the Slurm controller in 30 s ({_how_looked()}).") from None
+        raise ConfigError(
+            "launcher", f"launcher=slurm, but `sinfo` got no answer from the Slurm controller in 30 s ({_how_looked()})."
+        ) from None
     if done.returncode != 0:
         reason = (done.stderr or done.stdout).strip().splitlines()
         raise ConfigError(
@@ -117,12 +127,17 @@ def check_cluster(cfg, nnodes: int) -> None:
     partition = cfg.launcher.partition
     if partition is not None and partition not in nodes:
         shown = ", ".join(f"{n} (default)" if n == default else n for n in nodes) or "none"
-        raise ConfigError("launcher.partition", f"'{partition}' is not a partition of this Slurm cluster ({_slurm_conf_text()}); `sinfo` lists: {shown}.")
+        raise ConfigError(
+            "launcher.partition", f"'{partition}' is not a partition of this Slurm cluster ({_slurm_conf_text()}); `sinfo` lists: {shown}."
+        )
     if partition is None and default is None and nodes:
         raise ConfigError("launcher.partition", f"this Slurm cluster has no default partition; choose one of {', '.join(nodes)}.")
     chosen = partition or default
     if chosen in nodes and 0 < nodes[chosen] < nnodes:
-        raise ConfigError("launcher.nnodes", f"{nnodes} nodes were asked for, but partition {chosen} has {nodes[chosen]}; ask for at most {nodes[chosen]} or choose another launcher.partition.")
+        raise ConfigError(
+            "launcher.nnodes",
+            f"{nnodes} nodes were asked for, but partition {chosen} has {nodes[chosen]}; ask for at most {nodes[chosen]} or choose another launcher.partition.",
+        )
 
 
 def _project_root() -> Path | None:
@@ -208,8 +223,11 @@ def rendezvous_port(job_id: str) -> int:
 
 def where(cfg, nnodes: int) -> str:
     launcher = cfg.launcher
-    parts = [f"Slurm partition {launcher.partition}" if launcher.partition else "Slurm (the cluster's default partition)",
-             f"{nnodes} node(s) x 1 task", f"time {launcher.time} ({time_minutes(launcher.time)} min)"]
+    parts = [
+        f"Slurm partition {launcher.partition}" if launcher.partition else "Slurm (the cluster's default partition)",
+        f"{nnodes} node(s) x 1 task",
+        f"time {launcher.time} ({time_minutes(launcher.time)} min)",
+    ]
     for key in ("account", "qos", "constraint", "cpus_per_task", "gpus_per_node", "mem_gb"):
         if getattr(launcher, key) is not None:
             parts.append(f"{key} {getattr(launcher, key)}")
