@@ -180,6 +180,9 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
             dtype=str(training.dtype),
             mixed_precision_param=param_dtype(cfg, device),
             gc_freq=training.gc_freq,
+            # torchtitan captures CUDA graphs by default and refuses them (at config time, on
+            # every device) with pipeline stages or expert parallel's all-to-all dispatcher.
+            disable_cuda_graphs=layout.pp > 1 or layout.ep > 1,
         ),
         parallelism=TitanParallelismConfig(
             data_parallel_replicate_degree=layout.dp_replicate,
