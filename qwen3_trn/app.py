@@ -15,24 +15,27 @@ import time
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
 from qwen3_trn.config.schema import Mode
 from qwen3_trn.config.typed import to_run_config
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.fit import tracked_section
 from qwen3_trn.launch import build_launcher
 from qwen3_trn.plan import config_differences, plan_record, render_plan
 from qwen3_trn.preflight import prepare
 from qwen3_trn.records import (
     CONFIG_FILE,
     LAUNCH_TIME_ENV,
+    PLAN_FILE,
     PLAN_TEXT_FILE,
     TRACEBACK_ENV,
     RunStatus,
     claim_run_dir,
     update_summary,
+    write_json_atomic,
     write_run_files,
     write_text_atomic,
 )
@@ -105,6 +108,8 @@ def execute(cfg_node: DictConfig) -> dict | None:
     launcher = build_launcher(cfg.launcher)
     prepared = prepare(cfg, ranks_here=launcher.ranks_here)
     launcher.validate(cfg, prepared.layout)
+    if prepared.layout_choice:  # parallelism=auto: the saved config starts every rank with the chosen degrees
+        cfg_node.parallelism = OmegaConf.structured(cfg.parallelism)
     run_dir = claim_run_dir(cfg.output_dir)
     write_run_files(run_dir, cfg_node, _overrides(), prepared.trainer_config.to_dict())
     sweep = job_context()
@@ -113,10 +118,14 @@ def execute(cfg_node: DictConfig) -> dict | None:
         differences = config_differences(cfg_node, sweep["swept_keys"] if sweep else None)
         text = render_plan(prepared, launch, cfg_node, differences)
         if cfg.mode == Mode.check:
-            text += f"\n== Fake-backend check ==\n{json.dumps(_check_in_subprocess(run_dir))}\n"
+            check = _check_in_subprocess(run_dir)
+            text += f"\n== Fake-backend check ==\n{json.dumps(check)}\n"
+            text += f"\n== Memory of rank 0 measured by the tracker ==\n{tracked_section(prepared.fit, check)}\n"
         write_text_atomic(run_dir / PLAN_TEXT_FILE, text)
         print(text, end="")
-        return {"status": RunStatus.planned, "run_dir": str(run_dir), "plan": plan_record(prepared, launch, run_dir, differences[2])}
+        record = plan_record(prepared, launch, run_dir, differences[2])
+        write_json_atomic(run_dir / PLAN_FILE, record)
+        return {"status": RunStatus.planned, "run_dir": str(run_dir), "plan": record}
 
     info = prepared.trainer_config.metrics.run_info
     tracking = plan_tracking(cfg, run_dir, _overrides(), sweep, info)
@@ -150,7 +159,16 @@ def run(cfg_node: DictConfig) -> dict | None:
     try:
         return execute(cfg_node)
     except ConfigError as exc:
+        _discard_if_empty(Path(cfg_node.output_dir))
         if os.environ.get(TRACEBACK_ENV) or os.environ.get("HYDRA_FULL_ERROR"):
             raise
         print(f"error: {exc}\n(set {TRACEBACK_ENV}=1 for a traceback)", file=sys.stderr)
         sys.exit(2)
+
+
+def _discard_if_empty(run_dir: Path) -> None:
+    """Hydra creates the run directory before the job runs; a refused job leaves none behind."""
+    try:
+        run_dir.rmdir()  # only while it is empty
+    except OSError:
+        pass

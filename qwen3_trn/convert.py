@@ -188,8 +188,10 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
             mixed_precision_param=param_dtype(cfg, device),
             gc_freq=training.gc_freq,
             # Only CUDA replays CUDA graphs; elsewhere torchtitan's default would still keep every
-            # gradient allocated and zero-filled for replay (zero_grad(set_to_none=False)).
-            disable_cuda_graphs=device.type != "cuda",
+            # gradient allocated and zero-filled for replay (zero_grad(set_to_none=False)). torchtitan
+            # also refuses them (at config time, on every device) with pipeline stages or expert
+            # parallel's all-to-all dispatcher.
+            disable_cuda_graphs=device.type != "cuda" or layout.pp > 1 or layout.ep > 1,
         ),
         parallelism=TitanParallelismConfig(
             data_parallel_replicate_degree=layout.dp_replicate,

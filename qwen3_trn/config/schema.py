@@ -181,6 +181,9 @@ class ParallelismConfig:
     pp_schedule: str = "1F1B"
     pp_microbatch_size: int = 1
     fsdp_reshard_after_forward: ReshardAfterForward = ReshardAfterForward.default
+    # true: choose the degrees above for the ranks given (FSDP first, then TP/EP/PP as the
+    # model needs) so that a step fits the device's memory (qwen3_trn.fit.solver).
+    auto: bool = False
 
 
 @dataclass
@@ -371,6 +374,20 @@ class SlurmLauncherConfig(LauncherConfig):
 class DeviceConfig:
     # auto: neuron if torch-neuronx imports, else cuda, else cpu.
     type: DeviceType = DeviceType.auto
+    # Memory one device offers, in GiB (None: the device's own figure, host RAM available on
+    # CPU, or the accelerator table for a device that is not on this machine).
+    memory_gib: Optional[float] = None
+    # Which accelerator a planned run targets, a key of qwen3_trn.fit.device_memory.ACCELERATORS
+    # (trn2, trn2-lnc1, trn1, h100, h200, a100-40gb, a100-80gb, ...); None: trn2 / h100.
+    accelerator: Optional[str] = None
+
+
+@dataclass
+class FitConfig:
+    """The memory fit check before any worker starts (qwen3_trn.fit)."""
+
+    # false: start training even when the estimate exceeds a rank's memory.
+    check: bool = True
 
 
 @dataclass
@@ -389,6 +406,7 @@ class RunConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     launcher: LauncherConfig = field(default_factory=LocalLauncherConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
+    fit: FitConfig = field(default_factory=FitConfig)
     # Escape hatch: any torchtitan Trainer.Config field by its dotted path,
     # e.g. ``+titan.comm.init_timeout_seconds=600``. Checked against the real dataclass.
     titan: dict[str, Any] = field(default_factory=dict)
