@@ -1,32 +1,34 @@
-"""Benchmark one MoE layer's expert computation: portable kernels vs torchtitan's GroupedExperts.
+"""Benchmark one MoE layer's expert MLP, forward + backward: every kernel against torchtitan's
+``GroupedExperts``, in the dtype training uses on this machine and in the other one separately.
 
-Times forward + backward of ``GroupedExperts`` (torchtitan, ``torch._grouped_mm`` in bf16) and of
-``KernelGroupedExperts`` with each portable kernel, for parameters/inputs in bf16 and fp32, on
-routed rows sorted by expert from a random top-k router. Prints ms, GFLOP/s and the fraction
-of the matmul peak measured here with a large ``torch.mm``.
+``GroupedExperts`` (torchtitan) always casts to bf16 and runs ``torch._grouped_mm``;
+``KernelGroupedExperts`` runs each portable kernel in the dtype of its inputs. Inputs are routed
+rows sorted by expert from a random top-k router (some shapes leave experts empty). Cases are
+timed round-robin (one call of each per round, ``--rounds`` rounds, medians), so a shared
+machine's load falls on all of them alike. Printed per case: ms, GFLOP/s, the fraction of this
+dtype's matmul peak (a large ``torch.mm``, measured in the same run, also round-robin) and the
+speed-up over ``GroupedExperts`` with the same parameters.
 
-    python benchmarks/moe_kernels.py                 # both shapes, all kernels
-    python benchmarks/moe_kernels.py --shapes debugmodel_moe --threads 1
+    python benchmarks/moe_kernels.py                          # all shapes, both dtypes
+    python benchmarks/moe_kernels.py --shapes debugmodel_moe --dtypes float32
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
+from inprocess import REPO  # noqa: F401  (puts the checkout's qwen3_trn first on sys.path)
+from torchtitan.models.common.moe import GroupedExperts
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from torchtitan.models.common.moe import GroupedExperts  # noqa: E402
-
-from qwen3_trn.kernels import KERNELS, MOE_SWIGLU_EXPERTS, KernelGroupedExperts  # noqa: E402
-from qwen3_trn.kernels.moe import matmul_dtype  # noqa: E402
+from qwen3_trn.devices import resolve_device
+from qwen3_trn.kernels import KERNELS, MOE_SWIGLU_EXPERTS, KernelGroupedExperts
+from qwen3_trn.kernels.moe import matmul_dtype
 
 
 @dataclass(frozen=True)
@@ -49,34 +51,42 @@ class MoEShape:
 
 
 SHAPES = {
-    # torchtitan qwen3 debugmodel_moe: dim 256, moe hidden 768, 64 experts, top 8; 512 tokens.
+    # torchtitan qwen3 debugmodel_moe at the default batch (2 x 256 tokens): 64 rows per expert.
     "debugmodel_moe": MoEShape("debugmodel_moe", tokens=512, top_k=8, num_experts=64, dim=256, hidden_dim=768),
+    # the same layer at top-1 and 128 experts: 4 rows per expert, many experts empty.
+    "sparse": MoEShape("sparse", tokens=512, top_k=1, num_experts=128, dim=256, hidden_dim=768),
     "wide": MoEShape("wide", tokens=1024, top_k=4, num_experts=32, dim=512, hidden_dim=1024),
 }
+BASELINE = "torchtitan GroupedExperts"
 
 
-def timed(fn: Callable[[], None], repeats: int, max_seconds: float) -> float:
-    """Median seconds per call after one warm-up call; stops early past ``max_seconds``."""
-    fn()
-    samples: list[float] = []
-    start = time.perf_counter()
-    while len(samples) < repeats and (not samples or time.perf_counter() - start < max_seconds):
-        t0 = time.perf_counter()
+def training_dtype() -> torch.dtype:
+    """What ``python -m qwen3_trn`` trains in on this CPU by default (mixed_precision_param=auto)."""
+    return torch.bfloat16 if resolve_device("cpu").fast_bf16 else torch.float32
+
+
+def round_robin(cases: dict[str, Callable[[], None]], rounds: int, max_seconds: float) -> dict[str, float]:
+    """Median seconds per call of each case; one warm-up call each, then rounds of one call each."""
+    for fn in cases.values():
         fn()
-        samples.append(time.perf_counter() - t0)
-    return sorted(samples)[len(samples) // 2]
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    start = time.perf_counter()
+    for round_ in range(rounds):
+        if round_ >= 3 and time.perf_counter() - start > max_seconds:
+            break
+        for name, fn in cases.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(times) for name, times in samples.items()}
 
 
-def matmul_peak(dtype: torch.dtype) -> float:
-    """GFLOP/s of a large square ``torch.mm``; the size shrinks where a dtype is very slow here."""
-    for size in (2048, 1024, 512):
+def matmul_cases(dtypes: list[torch.dtype], size: int = 1024) -> dict[str, Callable[[], None]]:
+    cases = {}
+    for dtype in dtypes:
         a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        if time.perf_counter() - t0 < 1.0 or size == 512:
-            seconds = timed(lambda: torch.mm(a, b), repeats=3, max_seconds=5.0)
-            return 2 * size**3 / seconds / 1e9
-    raise AssertionError("unreachable")
+        cases[str(dtype)] = lambda a=a, b=b: torch.mm(a, b)
+    return cases
 
 
 def routed_inputs(shape: MoEShape, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,7 +99,7 @@ def routed_inputs(shape: MoEShape, dtype: torch.dtype, seed: int = 0) -> tuple[t
 
 
 def build_experts(shape: MoEShape, dtype: torch.dtype, kernel: str | None) -> GroupedExperts:
-    common = dict(dim=shape.dim, hidden_dim=shape.hidden_dim, num_experts=shape.num_experts)
+    common = {"dim": shape.dim, "hidden_dim": shape.hidden_dim, "num_experts": shape.num_experts}
     config = GroupedExperts.Config(**common) if kernel is None else KernelGroupedExperts.Config(**common, kernel=kernel)
     module = config.build().to(dtype)
     generator = torch.Generator().manual_seed(1)
@@ -110,55 +120,65 @@ def fwd_bwd(module: GroupedExperts, x: torch.Tensor, counts: torch.Tensor) -> Ca
     return step
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"])
+    parser.add_argument(
+        "--dtypes", nargs="+", default=None, choices=["bfloat16", "float32"], help="default: the training dtype here first, then the other"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--max-seconds", type=float, default=20.0, help="time budget per case after warm-up")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--max-seconds", type=float, default=60.0, help="time budget per shape and dtype")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    device_type = "cpu"
-    portable = sorted(
-        name for name, impl in KERNELS.impls(MOE_SWIGLU_EXPERTS.name).items() if impl.portable and device_type in impl.devices
+    trained = training_dtype()
+    dtypes = (
+        [getattr(torch, name) for name in args.dtypes]
+        if args.dtypes
+        else [trained, *(d for d in (torch.float32, torch.bfloat16) if d != trained)]
     )
-    peaks = {dtype: matmul_peak(dtype) for dtype in (torch.bfloat16, torch.float32)}
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}")
-    print(f"matmul peak (torch.mm): bf16 {peaks[torch.bfloat16]:.1f} GFLOP/s, fp32 {peaks[torch.float32]:.1f} GFLOP/s")
-    print(f"auto on {device_type}: {KERNELS.select_kernel(MOE_SWIGLU_EXPERTS.name, 'auto', device_type).impl_name}")
-    header = (
-        f"{'shape':15s} {'params':8s} {'kernel':22s} {'matmul':8s} {'ms':>9s} {'GFLOP/s':>8s} "
-        f"{'%bf16pk':>8s} {'%fp32pk':>8s} {'speedup':>8s}"
+    kernels = sorted(name for name, impl in KERNELS.impls(MOE_SWIGLU_EXPERTS.name).items() if impl.portable and "cpu" in impl.devices)
+    peak_seconds = round_robin(matmul_cases(dtypes), rounds=5, max_seconds=10.0)
+    peaks = {d: 2 * 1024**3 / peak_seconds[str(d)] / 1e9 for d in dtypes}
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f} "
+        "(the machine may be shared: cases are timed round-robin, medians)"
     )
+    print(f"training dtype on this CPU: {_dtype_name(trained)} (native bf16 matmul: {trained == torch.bfloat16})")
+    print("matmul peak (torch.mm 1024^3): " + ", ".join(f"{_dtype_name(d)} {peaks[d]:.1f} GFLOP/s" for d in dtypes))
+    header = f"{'shape':15s} {'params':6s} {'kernel':26s} {'matmul':6s} {'ms':>8s} {'GFLOP/s':>8s} {'% peak':>7s} {'speed-up':>8s}"
     print(header)
     print("-" * len(header))
     for shape_name in args.shapes:
         shape = SHAPES[shape_name]
-        for dtype_name in args.dtypes:
-            dtype = getattr(torch, dtype_name)
+        for dtype in dtypes:
             x, counts = routed_inputs(shape, dtype)
-            baseline_ms = None
-            for kernel in [None, *portable]:
-                module = build_experts(shape, dtype, kernel)
-                seconds = timed(fwd_bwd(module, x, counts), args.repeats, args.max_seconds)
-                ms = seconds * 1e3
-                gflops = shape.flops_fwd_bwd / seconds / 1e9
-                if kernel is None:
-                    baseline_ms, label, matmul = ms, "torchtitan GroupedExp.", "bf16"
-                else:
-                    label = kernel
-                    mm_dtype = matmul_dtype(torch.empty(0, dtype=torch.bfloat16)) if kernel == "per_expert_mm" else torch.bfloat16
-                    matmul = "fp32" if mm_dtype == torch.float32 else "bf16"
+            labels = {BASELINE: None, **{kernel: kernel for kernel in kernels}}
+            cases = {label: fwd_bwd(build_experts(shape, dtype, kernel), x, counts) for label, kernel in labels.items()}
+            seconds = round_robin(cases, args.rounds, args.max_seconds)
+            for label, kernel in labels.items():
+                matmul = torch.bfloat16 if kernel is None else matmul_dtype(x)
+                gflops = shape.flops_fwd_bwd / seconds[label] / 1e9
+                peak = peaks.get(matmul)
+                share = f"{100 * gflops / peak:6.1f}%" if peak else f"{'-':>7s}"
                 print(
-                    f"{shape.name:15s} {dtype_name[:8]:8s} {label:22s} {matmul:8s} {ms:9.1f} {gflops:8.1f} "
-                    f"{100 * gflops / peaks[torch.bfloat16]:7.1f}% {100 * gflops / peaks[torch.float32]:7.1f}% "
-                    f"{baseline_ms / ms:7.2f}x"
+                    f"{shape.name:15s} {_dtype_name(dtype):6s} {label:26s} {_dtype_name(matmul):6s} "
+                    f"{seconds[label] * 1e3:8.1f} {gflops:8.1f} {share} {seconds[BASELINE] / seconds[label]:7.2f}x"
                 )
-    shapes = ", ".join(f"{s.name}: R={s.rows} E={s.num_experts} D={s.dim} F={s.hidden_dim}" for s in map(SHAPES.get, args.shapes))
-    print(f"\nFLOPs per fwd+bwd = 18*R*D*F, R = tokens*top_k routed rows ({shapes}).")
+    print()
+    for shape in map(SHAPES.get, args.shapes):
+        empty = int((routed_inputs(shape, torch.float32)[1] == 0).sum())
+        print(
+            f"{shape.name}: R={shape.rows} routed rows, E={shape.num_experts} ({empty} empty), "
+            f"D={shape.dim}, F={shape.hidden_dim}, {shape.rows / shape.num_experts:.0f} rows per expert on average"
+        )
+    print("FLOPs per fwd+bwd = 18*R*D*F. '% peak' is against the peak of the dtype the matmuls run in.")
 
 
 if __name__ == "__main__":

@@ -39,38 +39,16 @@ class StepCapture(logging.Handler):
 
 def main() -> None:
     out_dir, overrides = sys.argv[1], sys.argv[2:]
-    from hydra import compose, initialize_config_dir
+    from inprocess import single_rank_trainer_config
     from torchtitan.components.metrics import MetricsProcessor
 
-    from qwen3_trn.app import to_run_config
-    from qwen3_trn.config import register_schema
-    from qwen3_trn.convert import compute_dtype, to_trainer_config
-    from qwen3_trn.devices import resolve_device
-    from qwen3_trn.layout import resolve_layout
-
-    register_schema()
-    conf = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf")
-    with initialize_config_dir(config_dir=os.path.abspath(conf), version_base="1.3"):
-        cfg = to_run_config(compose("config", overrides=[*overrides, f"output_dir={out_dir}"]))
-    device = resolve_device(cfg.device.type)
-    layout = resolve_layout(cfg.parallelism, 1, 1)
-    device.activate(compute_dtype(cfg, device))
-    config = to_trainer_config(cfg, device, layout)
+    _cfg, config = single_rank_trainer_config(overrides, out_dir)
     config.metrics = MetricsProcessor.Config(log_freq=1, disable_color_printing=True)
 
     root = logging.getLogger()
     root.handlers.clear()
     root.setLevel(logging.INFO)
     root.addHandler(StepCapture())
-    os.environ.update(
-        {
-            "RANK": "0",
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": os.environ.get("MASTER_PORT", "29531"),
-        }
-    )
     trainer = config.build()
     trainer.train()
     trainer.close()

@@ -36,6 +36,7 @@ from qwen3_trn.config.schema import Mode
 from qwen3_trn.config.typed import to_run_config
 from qwen3_trn.convert import resume_checkpoint
 from qwen3_trn.errors import ConfigError, RunInterrupted, describe_error
+from qwen3_trn.fit import tracked_section
 from qwen3_trn.launch import build_launcher
 from qwen3_trn.plan import config_differences, plan_record, render_plan
 from qwen3_trn.preflight import prepare
@@ -44,6 +45,7 @@ from qwen3_trn.records import (
     ERROR_LOG,
     LAUNCH_TIME_ENV,
     METRICS_FILE,
+    PLAN_FILE,
     PLAN_TEXT_FILE,
     TRACEBACK_ENV,
     RunStatus,
@@ -54,6 +56,7 @@ from qwen3_trn.records import (
     scrub_hydra_files,
     summarize,
     update_summary,
+    write_json_atomic,
     write_run_files,
     write_text_atomic,
 )
@@ -110,6 +113,11 @@ def _print_summary(summary: dict) -> None:
         ),
         ("steps", f"{summary.get('first_step')} -> {summary.get('last_step')}"),
         ("loss first -> last", f"{summary.get('first_loss', float('nan')):.4f} -> {summary.get('last_loss', float('nan')):.4f}"),
+        *(
+            [("val loss (perplexity)", f"{summary['val_loss']:.4f} ({summary['val_perplexity']:,.1f}) at step {summary['val_step']}")]
+            if "val_loss" in summary
+            else []
+        ),
         ("tokens/s", f"{summary.get('tokens_per_s', 0):,.0f}"),
         ("peak memory", f"{summary.get('peak_memory_gib', 0):.2f} GiB"),
         ("wall time", f"{summary.get('wall_time_s', 0):.1f} s"),
@@ -120,6 +128,8 @@ def _print_summary(summary: dict) -> None:
         table.add_row(name, value)
     console.print(table)
     console.print(f"outputs: {summary.get('run_dir')}", soft_wrap=True)
+    if summary.get("hf_export"):
+        console.print(f"Hugging Face model: {summary['hf_export']}", soft_wrap=True)
 
 
 def _check_in_subprocess(run_dir: Path) -> dict:
@@ -164,10 +174,14 @@ def execute(cfg_node: DictConfig) -> dict | None:
         differences = config_differences(node, sweep["swept_keys"] if sweep else None)
         text = render_plan(prepared, launch, node, differences)
         if cfg.mode == Mode.check:
-            text += f"\n== Fake-backend check ==\n{json.dumps(_check_in_subprocess(run_dir))}\n"
+            check = _check_in_subprocess(run_dir)
+            text += f"\n== Fake-backend check ==\n{json.dumps(check)}\n"
+            text += f"\n== Memory of rank 0 measured by the tracker ==\n{tracked_section(prepared.fit, check)}\n"
         write_text_atomic(run_dir / PLAN_TEXT_FILE, text)
         print(text, end="")
-        return {"status": RunStatus.planned, "run_dir": str(run_dir), "plan": plan_record(prepared, launch, run_dir, differences[2])}
+        record = plan_record(prepared, launch, run_dir, differences[2])
+        write_json_atomic(run_dir / PLAN_FILE, record)
+        return {"status": RunStatus.planned, "run_dir": str(run_dir), "plan": record}
 
     info = prepared.trainer_config.metrics.run_info
     tracking = plan_tracking(cfg, run_dir, _overrides(), sweep, info)

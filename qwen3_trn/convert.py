@@ -21,15 +21,17 @@ from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 from torchtitan.trainer import Trainer
 
 from qwen3_trn.backends import get_backend
-from qwen3_trn.checkpointing import GuardedCheckpointManager, ResumePoint, find_resume_point
+from qwen3_trn.checkpointing import ResumePoint, find_resume_point
 from qwen3_trn.config.schema import CheckpointConfig, LoggerBackend, RunConfig
 from qwen3_trn.config.titan_overrides import apply_titan_overrides
 from qwen3_trn.data.embedded import ensure_assets, tokenizer_dir
 from qwen3_trn.data.sources import resolve_dataset
 from qwen3_trn.devices import DeviceSpec
+from qwen3_trn.hf.export import HFExportCheckpointManager
 from qwen3_trn.layout import Layout
 from qwen3_trn.metrics import RunMetricsProcessor
 from qwen3_trn.models.architecture import Qwen3Architecture
+from qwen3_trn.validation import validator_config
 
 ACTIVATION_CHECKPOINTING = {"none": lambda: None, "selective": SelectiveAC.Config, "full": FullAC.Config}
 
@@ -65,13 +67,15 @@ def resume_checkpoint(checkpoint: CheckpointConfig) -> ResumePoint | None:
     return find_resume_point(Path(checkpoint.resume_from).expanduser(), checkpoint.folder)
 
 
-def _checkpoint(cfg: RunConfig) -> GuardedCheckpointManager.Config:
+def _checkpoint(cfg: RunConfig, arch: Qwen3Architecture) -> HFExportCheckpointManager.Config:
     ckpt = cfg.checkpoint
     resume_point = resume_checkpoint(ckpt)
     resume = str(resume_point.path) if resume_point else None
     initial_load_path = resume or ckpt.initial_load_path
-    return GuardedCheckpointManager.Config(
-        enable=ckpt.enable or initial_load_path is not None,
+    return HFExportCheckpointManager.Config(
+        # torchtitan's manager saves nothing unless enabled, so the HF export alone enables it too.
+        enable=ckpt.enable or initial_load_path is not None or ckpt.hf_export,
+        dcp=ckpt.enable or initial_load_path is not None,
         folder=ckpt.folder,
         interval=ckpt.interval,
         keep_latest_k=ckpt.keep_latest_k,
@@ -80,9 +84,13 @@ def _checkpoint(cfg: RunConfig) -> GuardedCheckpointManager.Config:
         # torchtitan warns about this flag whenever no initial_load_path is set.
         initial_load_model_only=initial_load_path is not None and resume is None,
         initial_load_in_hf=ckpt.initial_load_in_hf and resume is None,
-        last_save_in_hf=ckpt.last_save_in_hf,
-        last_save_model_only=ckpt.last_save_in_hf,
+        last_save_model_only=False,
         export_dtype=str(ckpt.export_dtype),
+        hf_export=ckpt.hf_export,
+        hf_interval=ckpt.hf_interval,
+        hf_folder=ckpt.hf_folder,
+        hf_config=get_backend(cfg.backend.name).hf_config(cfg, arch) if ckpt.hf_export else {},
+        tokenizer_dir=tokenizer_path(cfg),
     )
 
 
@@ -139,6 +147,8 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
             run_dir=cfg.output_dir,
             total_steps=training.steps,
             run_info=run_info(cfg, device, layout, arch),
+            validation_interval=cfg.validation.interval if cfg.validation.enable else 0,
+            hf_export_dir=str(Path(cfg.output_dir) / cfg.checkpoint.hf_folder) if cfg.checkpoint.hf_export else "",
         ),
         loss=ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=arch.vocab_size)),
         dataloader=HuggingFaceTextDataLoader.Config(dataset=dataset.name, dataset_path=dataset.path, num_workers=cfg.data.num_workers),
@@ -158,6 +168,11 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
             dtype=str(training.dtype),
             mixed_precision_param=param_dtype(cfg, device),
             gc_freq=training.gc_freq,
+            # Only CUDA replays CUDA graphs; elsewhere torchtitan's default would still keep every
+            # gradient allocated and zero-filled for replay (zero_grad(set_to_none=False)). torchtitan
+            # also refuses them (at config time, on every device) with pipeline stages or expert
+            # parallel's all-to-all dispatcher.
+            disable_cuda_graphs=device.type != "cuda" or layout.pp > 1 or layout.ep > 1,
         ),
         parallelism=TitanParallelismConfig(
             data_parallel_replicate_degree=layout.dp_replicate,
@@ -170,7 +185,8 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
             pipeline_parallel_microbatch_size=cfg.parallelism.pp_microbatch_size,
             fsdp_reshard_after_forward=str(cfg.parallelism.fsdp_reshard_after_forward),
         ),
-        checkpoint=_checkpoint(cfg),
+        checkpoint=_checkpoint(cfg, arch),
+        validator=validator_config(cfg.validation, cfg.data, last_step=training.steps, num_workers=cfg.data.num_workers),
         activation_checkpoint=ACTIVATION_CHECKPOINTING[training.activation_checkpoint](),
         compile=TitanCompileConfig(
             enable=compile_enabled,

@@ -5,6 +5,10 @@ metrics rank: one JSON line per logged step in ``metrics.jsonl`` (the run's own 
 read by reports), a progress view on the console and, when ``logger.backends`` has wandb, the
 project's own wandb run (``qwen3_trn.tracking``, in place of torchtitan's env-var-only
 ``WandBLogger``). Its ``close`` writes ``summary.json``.
+
+Validation (``qwen3_trn.validation``) runs right after the training step it follows: its
+held-out figures (``val_loss``, ``val_perplexity``) join that step's line in metrics.jsonl and
+its wandb row, and get a line of their own in the console progress.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ import torch.distributed as dist
 from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor, _get_metrics_rank
 
 from qwen3_trn.backends import get_backend
+from qwen3_trn.hf.export import latest_hf_export
 from qwen3_trn.records import LAUNCH_TIME_ENV, METRICS_FILE, summarize, write_metrics_summary
 from qwen3_trn.tracking import start_wandb
+from qwen3_trn.validation import VALIDATION_LOSS, is_validation_step, validation_record
 
 # torchtitan metric name -> name in metrics.jsonl
 _RENAMES = {
@@ -60,24 +66,49 @@ def _record(metrics: dict[str, Any], step: int, data_parallel: int, launch_time:
 
 
 class JsonlLogger(BaseLogger):
-    """Appends one JSON line per logged step and keeps what the summary needs."""
+    """Appends one JSON line per logged step and keeps what the summary needs.
 
-    def __init__(self, path: Path, data_parallel: int, launch_time: float | None) -> None:
+    At a step that a validation follows (``validates(step)``), the line waits for it and is
+    written with the held-out figures merged in; every other line is written at once.
+    """
+
+    def __init__(self, path: Path, data_parallel: int, launch_time: float | None, validates=lambda step: False) -> None:
         self.path = path
         self.data_parallel = data_parallel
         self.launch_time = launch_time
+        self.validates = validates
         self.records: list[dict[str, Any]] = []
+        self._pending: dict[str, Any] | None = None
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = path.open("a", buffering=1)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
+        if VALIDATION_LOSS in metrics:
+            record = self._pending if self._pending is not None and self._pending["step"] == step else {"step": step}
+            self._pending = None
+            record.update(validation_record(metrics))
+            self._write(record)
+            return
         if "loss_metrics/global_avg_loss" not in metrics:
             return
+        self.flush()
         record = _record(metrics, step, self.data_parallel, self.launch_time)
+        if self.validates(step):
+            self._pending = record
+        else:
+            self._write(record)
+
+    def _write(self, record: dict[str, Any]) -> None:
         self.records.append(record)
         self._file.write(json.dumps(record) + "\n")
 
+    def flush(self) -> None:
+        if self._pending is not None:
+            self._write(self._pending)
+            self._pending = None
+
     def close(self) -> None:
+        self.flush()
         self._file.close()
 
 
@@ -98,15 +129,27 @@ class ProgressLogger(BaseLogger):
                 MofNCompleteColumn(),
                 BarColumn(),
                 TextColumn("loss [green]{task.fields[loss]:.4f}"),
+                TextColumn("val [magenta]{task.fields[val_loss]:.4f}"),
                 TextColumn("[blue]{task.fields[tps]:,.0f} tok/s"),
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
                 transient=False,
             )
-            self._task = self._progress.add_task("train", total=total_steps, loss=math.nan, tps=0.0)
+            self._task = self._progress.add_task("train", total=total_steps, loss=math.nan, val_loss=math.nan, tps=0.0)
             self._progress.start()
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
+        if VALIDATION_LOSS in metrics:
+            held_out = validation_record(metrics)
+            if self._progress is not None:
+                self._progress.update(self._task, val_loss=held_out["val_loss"])
+            else:
+                print(
+                    f"step {step:>5}/{self.total_steps}  val_loss {held_out['val_loss']:8.4f}  "
+                    f"perplexity {held_out['val_perplexity']:10,.2f}",
+                    flush=True,
+                )
+            return
         if "loss_metrics/global_avg_loss" not in metrics:
             return
         loss = float(metrics["loss_metrics/global_avg_loss"])
@@ -138,6 +181,8 @@ class WandbMetricsLogger(BaseLogger):
     def log(self, metrics: dict[str, Any], step: int) -> None:
         if "loss_metrics/global_avg_loss" in metrics:
             self.run.log(metrics, step, _record(metrics, step, self.data_parallel, self.launch_time))
+        elif VALIDATION_LOSS in metrics:
+            self.run.log(metrics, step, validation_record(metrics))
         else:
             self.run.log(metrics, step)
 
@@ -157,10 +202,25 @@ class RunMetricsProcessor(MetricsProcessor):
         run_info: dict[str, Any] = field(default_factory=dict)
         """Facts recorded verbatim in summary.json (backend, device, kernel, world size...)."""
 
+        validation_interval: int = 0
+        """validation.interval when validation is on (its lines wait for it), else 0."""
+
+        hf_export_dir: str = ""
+        """Where the Hugging Face exports go (checkpoint=hf_export); the last one is named in summary.json."""
+
     def __init__(self, config: Config, **kwargs: Any) -> None:
         self._jsonl: JsonlLogger | None = None
         self._wandb = None
+        self._validation_tokens: dict[str, Any] = {}
         super().__init__(config, **kwargs)
+
+    def record_validation_tokens(self, sha256: str, tokens: int) -> None:
+        """Called by ``RunValidator``: which tokens the held-out figures were computed on."""
+        self._validation_tokens = {"validation_tokens_sha256": sha256, "validation_tokens": tokens}
+
+    def _validates(self, step: int) -> bool:
+        interval = self.config.validation_interval
+        return interval > 0 and is_validation_step(step, interval, self.config.total_steps)
 
     def _build_metric_logger(self, *, config: Config, parallel_dims, **kwargs: Any) -> BaseLogger:
         # enable_wandb selects the project's own wandb run below, not torchtitan's WandBLogger.
@@ -174,7 +234,7 @@ class RunMetricsProcessor(MetricsProcessor):
         data_parallel = parallel_dims.dp_replicate * parallel_dims.dp_shard
         launch = os.environ.get(LAUNCH_TIME_ENV)
         launch_time = float(launch) if launch else None
-        self._jsonl = JsonlLogger(Path(config.run_dir) / METRICS_FILE, data_parallel, launch_time)
+        self._jsonl = JsonlLogger(Path(config.run_dir) / METRICS_FILE, data_parallel, launch_time, self._validates)
         container.add_logger(self._jsonl)
         if use_wandb:
             self._wandb = start_wandb(Path(config.run_dir), config.run_info)
@@ -210,11 +270,17 @@ class RunMetricsProcessor(MetricsProcessor):
         return facts
 
     def close(self) -> None:
-        run_info = {**self.config.run_info, **self.what_ran()}
+        what_ran = self.what_ran()
+        run_info = {**self.config.run_info, **what_ran, **self._validation_tokens}
+        export = latest_hf_export(self.config.hf_export_dir)
+        if export is not None:
+            run_info["hf_export"] = str(export)
+        if self._jsonl is not None:
+            self._jsonl.flush()
         if self._wandb is not None:
             if self._jsonl is not None:
-                self._wandb.set_summary(summarize(self._jsonl.records))
-            self._wandb.record_what_ran(self.what_ran())
+                self._wandb.set_summary({**summarize(self._jsonl.records), **self._validation_tokens})
+            self._wandb.record_what_ran(what_ran)
             run_info["wandb_run"] = self._wandb.info()
         super().close()
         if self._jsonl is not None:

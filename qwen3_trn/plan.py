@@ -78,6 +78,7 @@ def plan_record(prepared: Prepared, launch: LaunchDescription, run_dir: Path, di
         "submission": launch.submission,
         "differences": differences,
         "plan_file": str(run_dir / PLAN_TEXT_FILE),
+        **({"fit": prepared.fit.to_record()} if prepared.fit is not None else {}),
     }
 
 
@@ -104,6 +105,7 @@ def render_plan(prepared: Prepared, launch: LaunchDescription, resolved: DictCon
             ),
         ),
         ("Architecture", json.dumps(prepared.arch.summary())),
+        *([("Memory and compute per rank (will it fit?)", prepared.fit.table())] if prepared.fit is not None else []),
         ("Equivalent torchrun command", launch.torchrun),
         *launch.sections.items(),
         ("torchtitan Trainer.Config", json.dumps(prepared.trainer_config.to_dict(), indent=1, default=repr)),

@@ -8,18 +8,21 @@ belong to a launcher (a Slurm partition, say) are the launcher's own (``qwen3_tr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torchtitan.trainer import Trainer
 
+from qwen3_trn import fit
 from qwen3_trn.backends import get_backend
 from qwen3_trn.config.schema import LocalLauncherConfig, Mode, RunConfig
 from qwen3_trn.convert import architecture, to_trainer_config
 from qwen3_trn.devices import DEVICES, DeviceSpec, planned_device, probe_device, resolve_device
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.hf.export import check_hf_export
 from qwen3_trn.inputs import absolute_paths, check_data, check_tokenizer
 from qwen3_trn.layout import Layout, resolve_layout
 from qwen3_trn.models.architecture import Qwen3Architecture
+from qwen3_trn.validation import check_validation
 
 
 @dataclass
@@ -30,11 +33,15 @@ class Resolved:
     device: DeviceSpec
     layout: Layout
     arch: Qwen3Architecture
+    # Why parallelism=auto chose the layout (None: the config gave it).
+    layout_choice: str | None = field(default=None, kw_only=True)
 
 
 @dataclass
 class Prepared(Resolved):
     trainer_config: Trainer.Config
+    # Rank 0's memory and the model's counts against the device (qwen3_trn.fit).
+    fit: fit.FitReport | None = field(default=None, kw_only=True)
 
 
 def _device(cfg: RunConfig, ranks_here: bool) -> DeviceSpec:
@@ -61,6 +68,8 @@ def _nproc_per_node(cfg: RunConfig, device: DeviceSpec, ranks_here: bool) -> int
     if nproc == -1 and packed:
         return packed
     if nproc == -1:
+        if device.count == 0 and device.type in fit.PLANNED_NODES:
+            return fit.planned_ranks_per_node(cfg, device)  # a node of the accelerator planned for
         if device.count == 0:
             raise ConfigError(
                 "launcher.nproc_per_node",
@@ -109,9 +118,15 @@ def resolve(cfg: RunConfig, ranks_here: bool = True) -> Resolved:
     _check_compile(cfg, device)
     layout = resolve_layout(cfg.parallelism, cfg.launcher.nnodes, _nproc_per_node(cfg, device, ranks_here))
     arch = architecture(cfg)
+    choice = None
+    if cfg.parallelism.auto:  # the degrees that fit, written into the config every rank starts from
+        layout, choice = fit.auto_layout(cfg, device, arch, to_trainer_config(cfg, device, layout), layout.nnodes, layout.nproc_per_node)
+        cfg.parallelism = fit.chosen_parallelism(cfg.parallelism, layout)
     _check_training(cfg, arch, layout)
+    check_validation(cfg.validation, cfg.training.seq_len, arch.max_seq_len, pipeline_parallel=layout.pp > 1)
+    check_hf_export(cfg.checkpoint)
     backend.validate(cfg, arch, device)
-    return Resolved(cfg=cfg, device=device, layout=layout, arch=arch)
+    return Resolved(cfg=cfg, device=device, layout=layout, arch=arch, layout_choice=choice)
 
 
 def prepare(cfg: RunConfig, ranks_here: bool = True) -> Prepared:
@@ -129,4 +144,6 @@ def prepare(cfg: RunConfig, ranks_here: bool = True) -> Prepared:
         trainer_config.hf_assets_path, lambda path: trainer_config.tokenizer.build(tokenizer_path=path), resolved.arch.vocab_size
     )
     check_data(cfg)
-    return Prepared(**vars(resolved), trainer_config=trainer_config)
+    report = fit.preflight(cfg, resolved.device, resolved.layout, resolved.arch, trainer_config, resolved.layout_choice)
+    trainer_config.metrics.run_info["fit"] = report.to_record()
+    return Prepared(**vars(resolved), trainer_config=trainer_config, fit=report)

@@ -2,39 +2,47 @@
 
 This is what the torchrun line printed by ``mode=plan`` runs, and what external launchers
 start on each node. It never composes with Hydra: the file is the already resolved config.
-``--check`` builds rank 0's Trainer on torchtitan's fake collective backend and stops,
-which validates large layouts (e.g. 64 ranks) on one CPU.
+``--check`` builds rank 0's Trainer on torchtitan's fake collective backend with fake tensors
+and measures its step with PyTorch's memory tracker, which validates and sizes large layouts
+(e.g. 64 ranks) on one CPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 
-import torch
-
 from qwen3_trn.config.schema import Mode, RunConfig
-from qwen3_trn.devices import probe_device
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.fit.device_memory import margin_bytes
+from qwen3_trn.fit.tracked import isolated, rank0_parameters, tracked_estimate, untrackable
 from qwen3_trn.preflight import resolve
 from qwen3_trn.records import load_run_config
-from qwen3_trn.worker import WorkerJob, build_trainer, run_worker
+from qwen3_trn.worker import WorkerJob, run_worker
 
 
 def check_layout(cfg: RunConfig) -> dict:
-    """Build the Trainer for rank 0 of the planned world with fake collectives (no training)."""
+    """Build the Trainer for rank 0 of the planned world on torchtitan's fake collectives with
+    fake tensors (nothing allocated), then measure its training step with PyTorch's memory
+    tracker (qwen3_trn.fit.tracked); each build runs in a child process of its own."""
     cfg.mode = Mode.check
     resolved = resolve(cfg)
-    world = resolved.layout.world_size
-    os.environ.update({"NGPU": str(world), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world)})
-    trainer = build_trainer(cfg, probe_device("cpu"), resolved.layout, fake_backend=True)
-    params = sum(p.numel() for m in trainer.model_parts for p in m.parameters())
-    local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for m in trainer.model_parts for p in m.parameters())
-    trainer.close()
-    torch.distributed.destroy_process_group()
-    return {"world_size": world, "parameters": params, "rank0_local_parameters": local, "layout": resolved.layout.describe()}
+    layout = resolved.layout
+    params, local = isolated(rank0_parameters, cfg, layout)
+    result = {"world_size": layout.world_size, "parameters": params, "rank0_local_parameters": local, "layout": layout.describe()}
+    reason = untrackable(layout)
+    if reason is not None:
+        result["tracked_error"] = reason
+        return result
+    try:
+        margin = functools.partial(margin_bytes, resolved.device.type)
+        result["tracked"] = tracked_estimate(cfg, layout, resolved.arch.n_layers, margin).to_record()
+    except Exception as exc:  # noqa: BLE001 - the layout built; the estimate stands without the tracker
+        result["tracked_error"] = f"{type(exc).__name__}: {exc}"[:500]
+    return result
 
 
 def run_rank(cfg: RunConfig) -> None:

@@ -6,7 +6,7 @@
    size overrides) and loads the weights exactly as a fine-tuning run does
    (``checkpoint.initial_load_path=<hf dir>``: preflight shape check, then torchtitan's DCP load
    through the HF storage reader and the state-dict adapter);
-2. saves the model back with torchtitan's HF writer (the ``checkpoint.last_save_in_hf`` path),
+2. saves the model back with torchtitan's HF writer (the ``checkpoint=hf_export`` path),
    in the source's dtype, plus config.json and tokenizer files, into ``--out``;
 3. compares the safetensors key sets of source and copy: for a tied-embedding Qwen3 the only
    acceptable difference is ``lm_head.weight``; anything else fails with the keys listed;
@@ -22,11 +22,7 @@ Prints the report (and writes ``roundtrip.json`` next to the copy); exits 1 on a
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import os
-import socket
-import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,17 +33,25 @@ import torch
 from qwen3_trn.config.schema import DeviceType, HfV5BackendConfig, ParamDType, RunConfig
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.hf.checkpoint import checkpoint_dtype, read_config, safetensors_files
-from qwen3_trn.hf.trainer import write_hf_export_files
+from qwen3_trn.hf.export import save_hf_weights, write_hf_model_files
 from qwen3_trn.models.hf_config import architecture_from_hf
-from qwen3_trn.preflight import prepare
 from qwen3_trn.records import write_json_atomic
-from qwen3_trn.worker import build_trainer
+from qwen3_trn.verify import (
+    LogitCheck,
+    hf_model,
+    in_clean_process,
+    load_into_titan,
+    loading_info,
+    run_check,
+    single_rank,
+    titan_logits,
+)
 
 LM_HEAD = "lm_head.weight"
 
 
-@dataclass
-class RoundTripReport:
+@dataclass(kw_only=True)
+class RoundTripReport(LogitCheck):
     source: str
     output: str
     architecture: str
@@ -64,13 +68,7 @@ class RoundTripReport:
     max_logit_diff_titan: float = float("nan")  # torchtitan model vs source HF model
     rel_logit_diff_titan: float = float("nan")  # ||titan - source|| / ||source||
     max_logit_diff_reloaded: float = float("nan")  # re-saved HF model vs source HF model
-    atol: float = 1e-4
     moe_rtol: float = 0.02
-    failures: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
 
     def render(self) -> str:
         def keys(items: list[str]) -> str:
@@ -93,12 +91,6 @@ class RoundTripReport:
         return "\n".join(lines)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _run_config(source: Path, run_dir: Path, seq_len: int):
     arch = architecture_from_hf(read_config(source), str(source))
     cfg = RunConfig(output_dir=str(run_dir), backend=HfV5BackendConfig())
@@ -113,41 +105,8 @@ def _run_config(source: Path, run_dir: Path, seq_len: int):
     cfg.training.steps = 1
     cfg.training.mixed_precision_param = ParamDType.float32
     cfg.logger.backends = []
+    cfg.validation.enable = False
     return cfg, arch
-
-
-def _load_into_titan(cfg) -> Any:
-    """The backend=hf_v5 trainer for ``cfg`` with the initial checkpoint loaded (no training)."""
-    prepared = prepare(cfg)  # every preflight check, including the checkpoint shape check
-    prepared.trainer_config.metrics.console_progress = False
-    trainer = build_trainer(cfg, prepared.device, prepared.layout, prepared.trainer_config)
-    if not trainer.checkpointer.load(step=-1):
-        raise RuntimeError(f"torchtitan loaded no checkpoint from {cfg.checkpoint.initial_load_path}")
-    return trainer
-
-
-def _titan_logits(trainer, tokens: torch.Tensor) -> torch.Tensor:
-    model = trainer.model_parts[0]
-    skip = getattr(model, "_skip_lm_head", False)
-    model._skip_lm_head = False
-    try:
-        with torch.no_grad():
-            return model(tokens).float()
-    finally:
-        model._skip_lm_head = skip
-
-
-def _save_from_titan(trainer, out: Path, dtype: str) -> None:
-    from torchtitan.components.checkpointer.base import MODEL
-    from torchtitan.components.checkpointer.dcp import AsyncMode
-
-    checkpointer = trainer.checkpointer
-    target = getattr(torch, dtype)
-    states = {
-        k: v.to(target) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-        for k, v in checkpointer.states[MODEL].state_dict().items()
-    }
-    checkpointer.dcp_save(states, checkpoint_id=str(out), async_mode=AsyncMode.DISABLED, to_hf=True)
 
 
 def key_differences(before, after, tied: bool) -> tuple[list[str], list[str], list[str]]:
@@ -170,41 +129,14 @@ def _tensors(folder: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def _hf_model(folder: Path, **kwargs):
-    from transformers import AutoModelForCausalLM
-
-    extra = {}
-    config = json.loads((folder / "config.json").read_text())
-    if config.get("architectures", [""])[0] == "Qwen3MoeForCausalLM":
-        extra["experts_implementation"] = "eager"  # the plain reference loop (any device)
-    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="sdpa", **extra, **kwargs)
-
-
 def _hf_side(source: str, copy: str, tokens: torch.Tensor) -> dict[str, Any]:
     """Logits of the source and of the copy as plain transformers loads them, plus the loading
-    info of the copy. Runs in a fresh interpreter (see ``_in_clean_process``)."""
+    info of the copy. Runs in a fresh interpreter (see ``qwen3_trn.verify.in_clean_process``)."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    original = _hf_model(Path(source))
-    reloaded, info = _hf_model(Path(copy), output_loading_info=True)
+    original = hf_model(Path(source))
+    reloaded, info = hf_model(Path(copy), output_loading_info=True)
     with torch.no_grad():
-        return {
-            "source": original(tokens).logits.float(),
-            "copy": reloaded(tokens).logits.float(),
-            "info": {k: [str(x[0] if isinstance(x, tuple) else x) for x in v] for k, v in info.items() if isinstance(v, (list, set))},
-        }
-
-
-def _in_clean_process(fn, *args):
-    """``fn(*args)`` in a spawned interpreter. Building torchtitan's ``HFTransformerModel``
-    monkeypatches transformers for the rest of the process (``PreTrainedModel._init_weights`` /
-    ``_initialize_weights`` and the decoder layer's ``__init__``; the patched init skips
-    meta-device modules, so ``from_pretrained`` afterwards leaves rotary ``inv_freq`` buffers
-    uninitialised). The reference models must come from unpatched transformers."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(fn, *args).result()
+        return {"source": original(tokens).logits.float(), "copy": reloaded(tokens).logits.float(), "info": loading_info(info)}
 
 
 def roundtrip(
@@ -237,33 +169,15 @@ def roundtrip(
     )
     tokens = torch.randint(0, arch.vocab_size, (2, cfg.training.seq_len), generator=torch.Generator().manual_seed(0))
 
-    env = {
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
-    }
-    saved_env = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    trainer = None
-    try:
-        trainer = _load_into_titan(cfg)
-        titan_logits = _titan_logits(trainer, tokens)
-        _save_from_titan(trainer, dst, dtype)
-        hf_config_dir = trainer.config.hf_model
-    finally:
-        if trainer is not None:
+    with single_rank():
+        trainer = load_into_titan(cfg)
+        try:
+            titan = titan_logits(trainer, tokens)
+            save_hf_weights(trainer.checkpointer, dst, dtype)
+            hf_config_dir = trainer.config.hf_model
+        finally:
             trainer.close()
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    write_hf_export_files(dst, hf_config_dir, src if (src / "tokenizer.json").is_file() else None, dtype)
+    write_hf_model_files(dst, read_config(hf_config_dir), src if (src / "tokenizer.json").is_file() else None, dtype)
 
     # Keys and tensors.
     before, after = _tensors(src), _tensors(dst)
@@ -287,14 +201,14 @@ def roundtrip(
         report.failures.append(f"tensor values changed: {', '.join(report.changed_tensors[:10])}")
 
     # Logits.
-    hf = _in_clean_process(_hf_side, str(src), str(dst), tokens)
+    hf = in_clean_process(_hf_side, str(src), str(dst), tokens)
     info = hf["info"]
     report.hf_load_missing = sorted(k for k in info.get("missing_keys", []) if k not in allowed)
     report.hf_load_unexpected = sorted(info.get("unexpected_keys", []))
     report.hf_load_mismatched = sorted(info.get("mismatched_keys", []))
     report.max_logit_diff_reloaded = (hf["copy"] - hf["source"]).abs().max().item()
-    report.max_logit_diff_titan = (titan_logits - hf["source"]).abs().max().item()
-    report.rel_logit_diff_titan = ((titan_logits - hf["source"]).norm() / hf["source"].norm()).item()
+    report.max_logit_diff_titan = (titan - hf["source"]).abs().max().item()
+    report.rel_logit_diff_titan = ((titan - hf["source"]).norm() / hf["source"].norm()).item()
     if report.hf_load_missing or report.hf_load_unexpected or report.hf_load_mismatched:
         report.failures.append(
             "transformers did not load the copy cleanly: missing "
@@ -329,18 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq-len", type=int, default=64, help="tokens per sequence in the logits check")
     parser.add_argument("--verbose", action="store_true", help="show torchtitan's log")
     args = parser.parse_args(argv)
-    if not args.verbose:
-        logging.getLogger().setLevel(logging.WARNING)
-        for name in ("torchtitan", "root"):
-            logging.getLogger(name).setLevel(logging.WARNING)
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    try:
-        report = roundtrip(args.source, args.out, args.atol, args.seq_len, args.moe_rtol)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    print(report.render())
-    sys.exit(0 if report.ok else 1)
+    run_check(lambda: roundtrip(args.source, args.out, args.atol, args.seq_len, args.moe_rtol), args.verbose)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,19 @@ from qwen3_trn.tracking import finish_dangling_run
 
 # Statuses of jobs that run elsewhere (launcher=slurm) or only planned (mode=plan).
 OTHER_STATUSES = ("cancelled", "interrupted", "submitted", "pending", "running", "planned")
-FINAL_KEYS = ("steps_logged", "first_loss", "last_loss", "min_loss", "tokens_per_s", "peak_memory_gib", "mfu_pct", "wall_time_s")
+FINAL_KEYS = (
+    "steps_logged",
+    "first_loss",
+    "last_loss",
+    "min_loss",
+    "val_loss",
+    "val_perplexity",
+    "validation_tokens_sha256",
+    "tokens_per_s",
+    "peak_memory_gib",
+    "mfu_pct",
+    "wall_time_s",
+)
 
 
 # ------------------------------------------------------------------------------------------
@@ -217,6 +229,8 @@ def _job_line(job: dict[str, Any]) -> str:
         parts = []
         if "first_loss" in f and "last_loss" in f:
             parts.append(f"loss {f['first_loss']:.4f} -> {f['last_loss']:.4f}")
+        if "val_loss" in f:
+            parts.append(f"val loss {f['val_loss']:.4f}")
         if "tokens_per_s" in f:
             parts.append(f"{f['tokens_per_s']:,.0f} tok/s")
         if "peak_memory_gib" in f:

@@ -119,7 +119,7 @@ def summary_fields(plan: dict[str, Any]) -> dict[str, Any]:
     fields: dict[str, Any] = {"git_revision": plan["git_revision"]}
     if plan["enabled"]:
         w = plan["wandb"]
-        fields["wandb"] = {k: w[k] for k in ("id", "mode", "project", "group", "job_type", "name", "tags", "dir")}
+        fields["wandb"] = {k: w[k] for k in ("id", "mode", "project", "entity", "group", "job_type", "name", "tags", "dir")}
         fields["wandb_run_id"] = w["id"]
     return fields
 

@@ -6,9 +6,12 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -84,3 +87,89 @@ def assert_trained(result: subprocess.CompletedProcess, run_dir: Path, steps: in
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+# --------------------------------------------------------------------------------------------
+# Offline wandb runs, read back with wandb's own tool (`wandb leet inspect`)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class OfflineWandbRun:
+    path: Path
+    id: str = ""
+    name: str = ""
+    group: str = ""
+    job_type: str = ""
+    tags: list[str] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)  # one row per step, "_step" included
+    summary: dict[str, Any] = field(default_factory=dict)
+    exit_code: int | None = None
+
+
+def offline_wandb_files(run_dir: Path) -> list[Path]:
+    """The run-<id>.wandb files of the offline wandb runs a run directory holds."""
+    return sorted(p for p in Path(run_dir).glob("wandb/offline-run-*/run-*.wandb") if not p.parent.is_symlink())
+
+
+def _leet(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def read_offline_wandb_run(path: Path) -> OfflineWandbRun:
+    """What wandb recorded in one offline run: its records as `wandb leet inspect --json` prints
+    them (run settings, config, history rows, exit) and its summary (`--summary --json`)."""
+    run = OfflineWandbRun(path=Path(path))
+    for line in _leet("--json", str(path)).splitlines():
+        record = json.loads(line)
+        kind = record.get("type")
+        if kind == "run":
+            body = record["run"]
+            run.id, run.name, run.group, run.job_type = (
+                body.get("run_id", ""),
+                body.get("display_name", ""),
+                body.get("run_group", ""),
+                body.get("job_type", ""),
+            )
+            run.tags = list(body.get("tags", []))
+            run.config.update((body.get("config") or {}).get("update", {}))
+        elif kind == "config":
+            run.config.update(record["config"].get("update", {}))
+        elif kind == "history":
+            row = dict(record["history"].get("item", {}))
+            row.setdefault("_step", record["history"].get("step", {}).get("num"))
+            run.history.append(row)
+        elif kind == "exit":
+            run.exit_code = record["exit"].get("exit_code", 0)
+    run.config.pop("_wandb", None)
+    run.summary = json.loads(_leet("--summary", "--json", str(path)))["summary"]
+    return run
+
+
+# --------------------------------------------------------------------------------------------
+# Headless Chromium (CI installs Debian's chromium package)
+# --------------------------------------------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (CI installs Debian's chromium package)")
+
+
+def chromium(url: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=10000",
+    ]
+    done = subprocess.run([CHROMIUM, *flags, *args, url], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done

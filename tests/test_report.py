@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from qwen3_trn.report import build_report
+from qwen3_trn.report.render import make_plots
+from tests.conftest import chromium, needs_chromium
 
 REPO = Path(__file__).resolve().parents[1]
 GRID = [("native", 1), ("native", 2), ("hf_v5", 1), ("hf_v5", 2)]
@@ -23,8 +25,15 @@ def _loss(step: int, backend: str, top_k: int) -> float:
     return 8.0 - 0.3 * step - 0.1 * top_k - (0.05 if backend == "native" else 0.0)
 
 
-def fake_run(run_dir: Path, overrides: list[str], backend: str, top_k: int, steps: int = 4, status: str = "completed") -> None:
-    """A run directory as a training run leaves it (metrics.jsonl, summary.json, overrides.yaml)."""
+def _val_loss(step: int, backend: str, top_k: int) -> float:
+    return _loss(step, backend, top_k) + 0.2
+
+
+def fake_run(
+    run_dir: Path, overrides: list[str], backend: str, top_k: int, steps: int = 4, status: str = "completed", val_tokens: str = "ab" * 32
+) -> None:
+    """A run directory as a training run leaves it (metrics.jsonl with validations after step 1 and
+    at the last step, summary.json, overrides.yaml)."""
     run_dir.mkdir(parents=True)
     records = [
         {
@@ -38,8 +47,14 @@ def fake_run(run_dir: Path, overrides: list[str], backend: str, top_k: int, step
         }
         for s in range(1, steps + 1)
     ]
+    for record in (records[0], records[-1]):
+        record.update(
+            val_loss=_val_loss(record["step"], backend, top_k), val_perplexity=math.exp(_val_loss(record["step"], backend, top_k))
+        )
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (run_dir / "summary.json").write_text(json.dumps({"status": status, "backend": backend, "wall_time_s": 12.5}))
+    (run_dir / "summary.json").write_text(
+        json.dumps({"status": status, "backend": backend, "wall_time_s": 12.5, "validation_tokens_sha256": val_tokens})
+    )
     (run_dir / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
 
 
@@ -80,16 +95,66 @@ def test_report_from_metrics_files_alone(sweep, tmp_path):
     for plot in ("loss_vs_step", "tokens_per_s", "peak_memory", "mfu", "final_loss_vs_backend", "final_loss_vs_model.top_k"):
         assert f'<figure id="{plot}">' in html
     assert "does not apply" in html
+    # the swept keys that vary between trained runs form a grid: one heatmap per figure, values in the cells
+    plots = {p.id: p for p in make_plots(collection)}
+    for plot_id in ("heatmap_val_loss", "heatmap_tokens_per_s", "heatmap_peak_memory"):
+        assert f'<figure id="{plot_id}" class="heatmap"' in html
+        heatmap = plots[plot_id]
+        assert heatmap.rows == ("backend", ["native", "hf_v5"]) and heatmap.columns == ("model.top_k", ["1", "2"])
+        assert len(heatmap.cells) == 4 and all(f'id="{plot_id}-cell-{c.row}-{c.column}"' in heatmap.svg for c in heatmap.cells)
+    cells = {(c.row, c.column): c for c in plots["heatmap_val_loss"].cells}
+    assert cells[(1, 0)].value == pytest.approx(_val_loss(4, "hf_v5", 1)) and cells[(1, 0)].text == f"{_val_loss(4, 'hf_v5', 1):.4f}"
+    assert f">{cells[(1, 0)].text}</text>" in plots["heatmap_val_loss"].svg
+    # a categorical key gets bars per value, a numeric key lines against its value
+    assert "one bar per value" in plots["final_loss_vs_backend"].caption
+    assert "lines against the value" in plots["final_loss_vs_model.top_k"].caption
+    assert "final validation loss" in plots["final_loss_vs_backend"].caption
     with result.csv.open() as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 5
     row = rows[1]  # native, top_k=2
     assert (row["backend"], row["model.top_k"], row["status"]) == ("native", "2", "completed")
     assert float(row["final_loss"]) == pytest.approx(_loss(4, "native", 2))
+    assert float(row["val_loss"]) == pytest.approx(_val_loss(4, "native", 2))
+    assert float(row["val_perplexity"]) == pytest.approx(math.exp(_val_loss(4, "native", 2)))
+    assert row["validation_tokens_sha256"] == "ab" * 32
     assert float(row["tokens_per_s"]) == pytest.approx(2003.0)  # steps 2-4: step 1 is warm-up
     assert float(row["peak_memory_gib"]) == 1.0
     markdown = result.markdown.read_text()
     assert markdown.count("\n| backend=") == 5 and "| skipped |" in markdown
+    assert "**Final validation loss** (rows: backend, columns: model.top_k)" in markdown
+    assert f"| hf_v5 | {_val_loss(4, 'hf_v5', 1):.4f} | {_val_loss(4, 'hf_v5', 2):.4f} |" in markdown
+    assert "different validation tokens" not in markdown
+
+
+def test_report_says_when_runs_evaluated_different_validation_tokens(tmp_path):
+    fake_run(tmp_path / "a", ["training.seq_len=64"], "native", 1, val_tokens="ab" * 32)
+    fake_run(tmp_path / "b", ["training.seq_len=128"], "native", 1, val_tokens="cd" * 32)
+    result = build_report([tmp_path / "a", tmp_path / "b"], out_dir=tmp_path / "out")
+    assert any("different validation tokens" in note for note in result.notes)
+    assert "validation.seq_len" in result.markdown.read_text()
+
+
+def test_wandb_report_has_the_same_panels(sweep):
+    """The --publish Report, built offline (wandb-workspaces objects; save() would need a server)."""
+    wr = pytest.importorskip("wandb_workspaces.reports.v2")
+    from qwen3_trn.report import collect
+    from qwen3_trn.report.publish import wandb_report
+
+    collection = collect([sweep])
+    report = wandb_report(wr, collection, "qwen3_trn", "my-team", "grid")  # an entity: no login needed
+    panels = report.blocks[0].panels
+    by_title = {p.title: p for p in panels}
+    loss = by_title["training and validation loss"]
+    assert isinstance(loss, wr.LinePlot) and loss.y == ["loss", "val_loss"]
+    backend = by_title["final validation loss by backend"]  # categorical: bars per value
+    assert isinstance(backend, wr.BarPlot) and backend.groupby == wr.Config("run.params.backend")
+    assert backend.metrics == [wr.SummaryMetric("val_loss")]
+    top_k = by_title["final validation loss vs model.top_k"]  # numeric: against its value
+    assert isinstance(top_k, wr.ScatterPlot) and top_k.x == wr.Config("model.top_k")
+    heatmaps = [p for p in panels if p.title.startswith("heatmap: ")]
+    assert [p.z for p in heatmaps] == [wr.SummaryMetric(k) for k in ("val_loss", "tokens_per_s", "peak_memory_gib")]
+    assert all(p.x == wr.Config("model.top_k") and p.y == wr.Config("run.params.backend") for p in heatmaps)
 
 
 def test_report_over_run_directories_on_the_command_line(sweep, tmp_path):
@@ -122,58 +187,11 @@ def test_publish_without_key_says_so_and_writes_the_local_report(sweep, tmp_path
     assert (out / "report.html").is_file() and "not published" in (out / "report.html").read_text()
 
 
-def test_report_from_offline_wandb_runs(tmp_path):
-    """Runs with no metrics file are read from their offline wandb runs (wandb's record format)."""
-    script = """
-import sys, wandb
-from pathlib import Path
-for run_dir, top_k in ((Path(sys.argv[1]) / "a", 1), (Path(sys.argv[1]) / "b", 2)):
-    run_dir.mkdir(parents=True)
-    overrides = ["model=tiny_moe", f"model.top_k={top_k}"]
-    run = wandb.init(project="p", mode="offline", dir=str(run_dir), group="g", job_type="native", tags=["native"],
-                     config={"backend": {"name": "native"}, "run": {"mode": "native", "overrides": overrides}},
-                     settings=wandb.Settings(console="off", quiet=True))
-    for step in range(1, 4):
-        run.log({"loss": 6.0 - step * top_k * 0.1, "tokens_per_s": 50.0 * top_k, "memory_peak_gib": 0.25}, step=step)
-    run.finish()
-"""
-    subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "runs")],
-        check=True,
-        capture_output=True,
-        timeout=180,
-        env={**os.environ, "WANDB_SILENT": "true"},
-    )
-    result = build_report([tmp_path / "runs"], out_dir=tmp_path / "out")
-    runs = result.collection.runs
-    assert [(r.source, r.status, r.backend) for r in runs] == [("wandb", "completed", "native")] * 2
-    assert result.collection.swept_keys == ["model.top_k"] and [r.label for r in runs] == ["model.top_k=1", "model.top_k=2"]
-    assert [r["step"] for r in runs[1].records] == [1, 2, 3]
-    assert runs[1].figures["last_loss"] == pytest.approx(5.4) and runs[1].figures["tokens_per_s"] == 100.0
-    assert result.html.read_text().count("<tr data-run=") == 2
-
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (CI installs Debian's chromium package)")
+@needs_chromium
 def test_report_renders_in_a_real_browser(sweep, tmp_path):
     result = build_report([sweep], out_dir=tmp_path / "out")
-    flags = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--hide-scrollbars",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        "--virtual-time-budget=10000",
-    ]
     url = result.html.resolve().as_uri()
-    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=180)
-    assert dom.returncode == 0, dom.stderr[-2000:]
+    dom = chromium(url, tmp_path / "profile", "--dump-dom")
     # the page's own script counted the plot images the browser decoded
     expected = result.html.read_text().count('<img class="plot"')
     assert expected >= 6
@@ -184,11 +202,13 @@ def test_report_renders_in_a_real_browser(sweep, tmp_path):
     assert len(rows) == 5 and [s for _, s in rows] == ["completed"] * 4 + ["skipped"]
     assert {label.split(",")[0] for label, _ in rows} == {"backend=native", "backend=hf_v5"}
 
+    # every heatmap cell was laid out with a size and a fill (three 2 x 2 heatmaps)
+    assert 'data-heatmap-cells-drawn="12"' in dom.stdout
+    assert len(re.findall(r'<figure id="heatmap_\w+" class="heatmap"[^>]*data-cells-drawn="4"', dom.stdout)) == 3
+
     shot = tmp_path / "shot.png"
-    done = subprocess.run(
-        [CHROMIUM, *flags, "--window-size=1280,1600", f"--screenshot={shot}", url], capture_output=True, text=True, timeout=180
-    )
-    assert done.returncode == 0 and shot.is_file(), done.stderr[-2000:]
+    chromium(url, tmp_path / "profile", "--window-size=1280,1600", f"--screenshot={shot}")
+    assert shot.is_file()
     from PIL import Image
 
     image = Image.open(shot).convert("RGB")

@@ -4,7 +4,9 @@ wandb run per job, shared group, failure isolation, skipped combinations, manife
 from __future__ import annotations
 
 import csv
+import html as html_module
 import json
+import math
 import re
 import subprocess
 import sys
@@ -13,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from qwen3_trn.backends import BACKENDS
-from qwen3_trn.report.wandb_offline import find_run_files, read_offline_run
-from tests.conftest import read_metrics, run_cli
+from tests.conftest import chromium, needs_chromium, offline_wandb_files, read_metrics, read_offline_wandb_run, run_cli
 
 # Tiny and short: each trained job is a few seconds after the first one's imports.
 TINY = ["training.steps=3", "training.seq_len=64", "optimizer.warmup_steps=1"]
@@ -42,9 +43,9 @@ def assert_tracked_jobs(manifest: dict, mode_of: dict[int, str] | None = None) -
         run_dir = Path(job["run_dir"])
         records = read_metrics(run_dir)
         assert [r["step"] for r in records] == [1, 2, 3]
-        files = find_run_files(run_dir)
+        files = offline_wandb_files(run_dir)
         assert len(files) == 1, files
-        run = read_offline_run(files[0])
+        run = read_offline_wandb_run(files[0])
         summary = json.loads((run_dir / "summary.json").read_text())
         assert run.id == job["wandb_run_id"] == summary["wandb_run_id"]
         assert run.group == manifest["group"]
@@ -64,17 +65,29 @@ def assert_tracked_jobs(manifest: dict, mode_of: dict[int, str] | None = None) -
             expected.add("mfu_pct")
         for row in run.history:
             assert expected <= row.keys(), row.keys()
+        # the held-out loss of each validation (after step 1 and at the last step), as in metrics.jsonl
+        validated = {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
+        assert sorted(validated) == [1, 3]
+        assert {row["_step"]: row["val_loss"] for row in run.history if "val_loss" in row} == pytest.approx(validated)
+        assert all(row["val_perplexity"] == pytest.approx(math.exp(row["val_loss"])) for row in run.history if "val_loss" in row)
         assert run.exit_code == 0 and run.summary["last_loss"] == pytest.approx(records[-1]["loss"])
+        assert run.summary["val_loss"] == pytest.approx(summary["val_loss"]) == pytest.approx(validated[3])
         runs.append(run)
     return runs
 
 
-@pytest.mark.slow
-def test_moe_grid_sweep_tracks_every_job_and_reports(tmp_path):
-    sweep_dir = tmp_path / "grid"
+@pytest.fixture(scope="module")
+def moe_grid(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    sweep_dir = tmp_path_factory.mktemp("moe_grid") / "grid"
     # experiment=moe_grid sweeps top_k x n_layers; the command line narrows both lists (2 x 2 jobs).
     result = run_sweep(["experiment=moe_grid", "model.top_k=1,2", "model.n_layers=1,2", *TINY], sweep_dir)
     assert result.returncode == 0, _explain(result)
+    return sweep_dir, result
+
+
+@pytest.mark.slow
+def test_moe_grid_sweep_tracks_every_job_and_reports(moe_grid):
+    sweep_dir, result = moe_grid
     manifest = manifest_of(sweep_dir)
     assert manifest["counts"] == {"completed": 4, "failed": 0, "skipped": 0, "total": 4}
     assert manifest["experiment"] == "moe_grid" and manifest["swept_keys"] == ["model.top_k", "model.n_layers"]
@@ -102,7 +115,7 @@ def test_moe_grid_sweep_tracks_every_job_and_reports(tmp_path):
             "inspect",
             "--summary",
             "--json",
-            str(find_run_files(Path(manifest["jobs"][0]["run_dir"]))[0]),
+            str(offline_wandb_files(Path(manifest["jobs"][0]["run_dir"]))[0]),
         ],
         capture_output=True,
         text=True,
@@ -112,39 +125,81 @@ def test_moe_grid_sweep_tracks_every_job_and_reports(tmp_path):
     seen = json.loads(leet.stdout)
     assert seen["tags"] == runs[0].tags and seen["run_id"] == runs[0].id and seen["name"] == runs[0].name
 
-    # the sweep's own report: every job, plots, final loss vs each swept key
+    # every job evaluated the same validation tokens (same data, tokenizer and shape), and says so
+    summaries = [json.loads((Path(job["run_dir"]) / "summary.json").read_text()) for job in manifest["jobs"]]
+    digests = {s["validation_tokens_sha256"] for s in summaries}
+    assert len(digests) == 1 and re.fullmatch(r"[0-9a-f]{64}", digests.pop())
+    assert {s["validation_tokens"] for s in summaries} == {4 * 2 * 64}  # validation.steps x batch x seq_len
+    assert len({s["val_loss"] for s in summaries}) == 4  # four different models on the same tokens
+
+    # the sweep's own report: every job, plots, final loss vs each swept key, heatmaps of the grid
     html = (sweep_dir / "report.html").read_text()
     assert html.count("<tr data-run=") == 4
-    for plot in ("loss_vs_step", "tokens_per_s", "peak_memory", "final_loss_vs_model.top_k", "final_loss_vs_model.n_layers"):
+    for plot in (
+        "loss_vs_step",
+        "tokens_per_s",
+        "peak_memory",
+        "final_loss_vs_model.top_k",
+        "final_loss_vs_model.n_layers",
+        "heatmap_val_loss",
+        "heatmap_tokens_per_s",
+        "heatmap_peak_memory",
+    ):
         assert f'id="{plot}"' in html
     with (sweep_dir / "report.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 4 and {r["status"] for r in rows} == {"completed"} and all(r["source"] == "metrics" for r in rows)
+    for row, job in zip(rows, manifest["jobs"]):
+        assert float(row["val_loss"]) == pytest.approx(job["final"]["val_loss"])
     assert "report:" in result.stdout and "4 jobs: 4 completed, 0 failed, 0 skipped" in result.stdout
+    markdown = (sweep_dir / "report.md").read_text()
+    assert "**Final validation loss** (rows: model.top_k, columns: model.n_layers)" in markdown
 
-    # on demand, from the offline wandb runs alone: the same figures
-    out = tmp_path / "from_wandb"
-    done = subprocess.run(
-        [sys.executable, "-m", "qwen3_trn.report", str(sweep_dir), "--source", "wandb", "--out", str(out)],
-        cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    with (out / "report.csv").open() as handle:
-        from_wandb = {r["run"]: r for r in csv.DictReader(handle)}
-    assert {r["source"] for r in from_wandb.values()} == {"wandb"}
-    for row in rows:
-        assert float(from_wandb[row["run"]]["final_loss"]) == pytest.approx(float(row["final_loss"]))
+
+@pytest.mark.slow
+@needs_chromium
+def test_moe_grid_heatmap_is_drawn_in_a_real_browser(moe_grid, tmp_path):
+    """experiment=moe_grid (2 x 2 here): the report's heatmaps, opened in headless Chromium, draw
+    one coloured cell per job with its final validation loss printed in it."""
+    sweep_dir, _ = moe_grid
+    manifest = manifest_of(sweep_dir)
+    page = (sweep_dir / "report.html").resolve()
+    dom = chromium(page.as_uri(), tmp_path / "profile", "--dump-dom").stdout
+    # the page's script found every heatmap cell laid out with a size and a fill
+    figure = re.search(r'<figure id="heatmap_val_loss"[^>]*>', dom).group(0)
+    assert 'data-cells-drawn="4"' in figure, figure[:300]
+    assert 'data-heatmap-cells-drawn="12"' in dom  # three heatmaps of 2 x 2
+    cells = json.loads(html_module.unescape(re.search(r'data-cells="([^"]+)"', figure).group(1)))
+    by_job = {(job_param(job, "model.top_k"), job_param(job, "model.n_layers")): job["final"]["val_loss"] for job in manifest["jobs"]}
+    rows, columns = ["1", "2"], ["1", "2"]  # top_k rows, n_layers columns, in value order
+    for cell in cells:
+        assert cell["value"] == pytest.approx(by_job[(rows[cell["row"]], columns[cell["column"]])])
+        # the value is printed in its cell
+        assert re.search(rf'id="heatmap_val_loss-value-{cell["row"]}-{cell["column"]}".*?>{re.escape(cell["text"])}</text>', dom, re.S)
+
+    # and the cells are on screen in their colours (the heatmaps come first on the page)
+    shot = tmp_path / "shot.png"
+    chromium(page.as_uri(), tmp_path / "profile", "--window-size=1280,1200", f"--screenshot={shot}")
+    from PIL import Image
+
+    pixels = list(getattr(Image.open(shot).convert("RGB"), "get_flattened_data", Image.open(shot).convert("RGB").getdata)())
+    for cell in cells:
+        want = tuple(int(cell["color"][i : i + 2], 16) for i in (1, 3, 5))
+        area = sum(1 for p in pixels if all(abs(a - b) <= 3 for a, b in zip(p, want)))
+        assert area > 1500, (cell, area)  # a cell is ~100 x 60 px
+
+
+def job_param(job: dict, key: str) -> str:
+    return next(o.split("=", 1)[1] for o in job["overrides"] if o.startswith(f"{key}="))
 
 
 @pytest.mark.slow
 def test_failing_job_does_not_stop_the_sweep(tmp_path):
     """Job order: two dense jobs where model.top_k does not apply (skipped), a job that fails in
-    training (unknown optimizer), then one that must still train."""
+    training (a torchtitan field set through the escape hatch to a dtype it does not know), then
+    one that must still train."""
     sweep_dir = tmp_path / "sweep"
-    args = ["model=tiny,tiny_moe", "model.top_k=1", "optimizer.name=Bogus,AdamW", *TINY]
+    args = ["model=tiny,tiny_moe", "model.top_k=1", "+titan.training.mixed_precision_reduce=bogus,float32", *TINY]
     result = run_sweep(["-m", *args], sweep_dir)
     assert result.returncode == 1, _explain(result)
     manifest = manifest_of(sweep_dir)
@@ -156,21 +211,21 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path):
         assert jobs[n]["error_key"] == "model.top_k" and "dense flavor" in jobs[n]["reason"]
         assert not (Path(jobs[n]["run_dir"]) / "config.yaml").exists()
     failed = jobs[2]
-    assert failed["overrides"] == ["model=tiny_moe", "model.top_k=1", "optimizer.name=Bogus", *TINY]
-    assert "Bogus" in failed["error"] and Path(failed["log"]).is_file()
+    assert failed["overrides"] == ["model=tiny_moe", "model.top_k=1", "+titan.training.mixed_precision_reduce=bogus", *TINY]
+    assert "bogus" in failed["error"] and Path(failed["log"]).is_file()
     assert "Traceback" in Path(failed["log"]).read_text()
     assert failed["rerun"].startswith("python -m qwen3_trn hydra.mode=RUN model=tiny_moe")
     assert manifest["rerun_failed"] == [failed["rerun"]]
     assert json.loads((Path(failed["run_dir"]) / "summary.json").read_text())["status"] == "failed"
     # the failed job's wandb run is closed as failed, the next job's run is its own
-    failed_run = read_offline_run(find_run_files(Path(failed["run_dir"]))[0])
+    failed_run = read_offline_wandb_run(offline_wandb_files(Path(failed["run_dir"]))[0])
     assert failed_run.exit_code == 1
     assert_tracked_jobs(manifest)
 
     # the console summary: one line per job, skips and the failure with its log
     out = result.stdout
     assert re.search(r"#0 skipped .*does not apply: model.top_k", out)
-    assert re.search(r"#2 FAILED .*Bogus.*log: .*error.log", out)
+    assert re.search(r"#2 FAILED .*bogus.*log: .*error.log", out)
     assert re.search(r"#3 completed .*loss", out)
     assert "1 of 4 jobs failed" in result.stderr
     html = (sweep_dir / "report.html").read_text()

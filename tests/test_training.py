@@ -37,6 +37,13 @@ def test_default_run_trains_offline_and_reports(run_dir):
     assert json.loads((run_dir / "trainer_config.json").read_text())["model_spec"]["flavor"] == "debugmodel"
     for record in records:
         assert {"loss", "grad_norm", "tokens_per_s", "memory_peak_gib", "lr_AdamW"} <= record.keys()
+    # held-out loss after step 1, every 10 steps and at the end, on the console and in the summary
+    validated = {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
+    assert sorted(validated) == [1, 10, 20, 30, 40]
+    assert validated[40] < validated[1] - 0.5, validated
+    assert summary["val_loss"] == validated[40] and summary["val_step"] == 40
+    assert f"step    40/40  val_loss {validated[40]:8.4f}" in result.stdout
+    assert "val loss (perplexity)" in result.stdout
 
 
 def test_native_moe_trains(run_dir):

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from qwen3_trn.app import to_run_config
-from qwen3_trn.report.wandb_offline import find_run_files, read_offline_run
 from qwen3_trn.tracking import plan_tracking
-from tests.conftest import compose_config, read_metrics, run_cli
+from tests.conftest import compose_config, offline_wandb_files, read_metrics, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,41 +55,13 @@ def test_sweep_job_plan(tmp_path):
     assert (plan["wandb"]["group"], plan["wandb"]["job_type"], plan["wandb"]["name"]) == ("mine", "ablation", "x")
 
 
-def test_offline_reader_agrees_with_wandb_tools(tmp_path):
-    """Our reader of run-<id>.wandb (wandb's protobuf records) and `wandb leet inspect` agree."""
-    script = f"""
-import wandb
-run = wandb.init(project="p", mode="offline", dir={str(tmp_path)!r}, id="abcd1234", name="model.top_k=2", group="g",
-                 job_type="native", tags=["native", "sweep"], config={{"model": {{"top_k": 2}}, "run": {{"mode": "native"}}}},
-                 settings=wandb.Settings(console="off", quiet=True))
-for step in range(1, 4):
-    run.log({{"loss": 5.0 - step, "tokens_per_s": 100.0 * step}}, step=step)
-run.summary["last_loss"] = 2.0
-run.finish()
-"""
-    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, timeout=120, env={"WANDB_SILENT": "true", "PATH": ""})
-    [path] = find_run_files(tmp_path)
-    run = read_offline_run(path)
-    assert (run.id, run.name, run.group, run.job_type, run.tags) == ("abcd1234", "model.top_k=2", "g", "native", ["native", "sweep"])
-    assert run.config == {"model": {"top_k": 2}, "run": {"mode": "native"}}
-    assert [(r["_step"], r["loss"]) for r in run.history] == [(1, 4.0), (2, 3.0), (3, 2.0)]
-    assert run.exit_code == 0 and run.summary["last_loss"] == 2.0
-    leet = subprocess.run(
-        [sys.executable, "-m", "wandb", "leet", "inspect", "--summary", "--json", str(path)], capture_output=True, text=True, timeout=120
-    )
-    assert leet.returncode == 0, leet.stderr
-    seen = json.loads(leet.stdout)
-    assert (seen["run_id"], seen["name"], seen["tags"], seen["config"]) == (run.id, run.name, run.tags, run.config)
-    assert seen["summary"]["loss"] == run.history[-1]["loss"]
-
-
 def test_only_the_metrics_rank_starts_wandb(tmp_path, monkeypatch):
     """The project's wandb run replaces torchtitan's WandBLogger and starts on the metrics rank
     only (rank 0; the first rank of the last stage with pipeline parallelism)."""
     import torch.distributed as dist
     from torchtitan.components.metrics import WandBLogger
 
-    from qwen3_trn import metrics, tracking
+    from qwen3_trn import metrics
 
     started = []
 
@@ -103,7 +72,7 @@ def test_only_the_metrics_rank_starts_wandb(tmp_path, monkeypatch):
         def close(self):
             pass
 
-    monkeypatch.setattr(tracking, "start_wandb", lambda run_dir, info: started.append(run_dir.name) or FakeRun())
+    monkeypatch.setattr(metrics, "start_wandb", lambda run_dir, info: started.append(run_dir.name) or FakeRun())
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     layouts = {
         "dp2": SimpleNamespace(pp_enabled=False, dp_replicate=1, dp_shard=2, world_size=2, pp=1),
@@ -148,7 +117,7 @@ def test_other_loggers_and_no_wandb(tmp_path):
     for choice, job in jobs.items():
         run_dir = Path(job["run_dir"])
         assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]
-        wandb_files = find_run_files(run_dir)
+        wandb_files = offline_wandb_files(run_dir)
         tb_events = list(run_dir.glob("tb/*/events.out.tfevents.*"))
         assert not wandb_files and not (run_dir / "wandb").exists() and "wandb_run_id" not in job
         assert bool(tb_events) == (choice == "tensorboard")

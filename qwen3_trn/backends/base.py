@@ -11,11 +11,17 @@ from torchtitan.trainer import Trainer
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.models.architecture import Qwen3Architecture
+from qwen3_trn.models.hf_config import hf_config_dict
 
 
 def flavor_architecture(cfg: RunConfig) -> Qwen3Architecture:
     """The model group's torchtitan flavor with its overrides applied."""
     return Qwen3Architecture.of_flavor(cfg.model.flavor).with_overrides(cfg.model)
+
+
+def flavor_hf_config(cfg: RunConfig, arch: Qwen3Architecture) -> dict[str, Any]:
+    """The Hugging Face config.json of the architecture (what an HF export carries)."""
+    return hf_config_dict(arch)
 
 
 def _no_checks(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> None:
@@ -47,3 +53,5 @@ class Backend:
     # Facts of the built model on the metrics rank (e.g. the kernel its local shards run),
     # recorded in summary.json over the parent's predictions: (model parts, device type).
     what_ran: Callable[[list[Any], str], dict[str, Any]] = field(default=lambda parts, device_type: {})
+    # The Hugging Face config.json of an export (hf_v5 keeps model.hf_model's other fields).
+    hf_config: Callable[[RunConfig, Qwen3Architecture], dict[str, Any]] = flavor_hf_config

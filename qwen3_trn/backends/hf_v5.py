@@ -63,7 +63,11 @@ def architecture(cfg: RunConfig) -> Qwen3Architecture:
 
 def hf_config_dir(cfg: RunConfig, arch: Qwen3Architecture | None = None) -> str:
     """The directory holding the config.json torchtitan's transformers backend loads."""
-    return str(write_hf_config_dir(hf_config_dict(arch or architecture(cfg), _base(cfg))))
+    return str(write_hf_config_dir(hf_config(cfg, arch or architecture(cfg))))
+
+
+def hf_config(cfg: RunConfig, arch: Qwen3Architecture) -> dict[str, Any]:
+    return hf_config_dict(arch, _base(cfg))
 
 
 def _base(cfg: RunConfig) -> dict[str, Any] | None:
@@ -211,7 +215,7 @@ def validate(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> Non
             "parallelism.pp=1, or backend=native for tensor/pipeline parallelism of tied models.",
         )
     if cfg.checkpoint.initial_load_path and not cfg.checkpoint.resume_from:
-        check_hf_checkpoint(cfg.checkpoint.initial_load_path, hf_config_dict(arch, _base(cfg)), key="checkpoint.initial_load_path")
+        check_hf_checkpoint(cfg.checkpoint.initial_load_path, hf_config(cfg, arch), key="checkpoint.initial_load_path")
 
 
 def run_info(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> dict[str, Any]:
@@ -239,4 +243,5 @@ HF_V5 = Backend(
     prepare_process=prepare_process,
     trainer_fields=trainer_fields,
     architecture=architecture,
+    hf_config=hf_config,
 )

@@ -146,7 +146,8 @@ class NkiMoeBackendConfig(BackendConfig):
 class ModelConfig:
     """A torchtitan Qwen3 flavor plus architecture overrides (None keeps the flavor's value)."""
 
-    flavor: str = "debugmodel"
+    # the model group sets it (model=<flavor or preset>)
+    flavor: str = MISSING
     n_layers: Optional[int] = None
     dim: Optional[int] = None
     n_heads: Optional[int] = None
@@ -180,6 +181,9 @@ class ParallelismConfig:
     pp_schedule: str = "1F1B"
     pp_microbatch_size: int = 1
     fsdp_reshard_after_forward: ReshardAfterForward = ReshardAfterForward.default
+    # true: choose the degrees above for the ranks given (FSDP first, then TP/EP/PP as the
+    # model needs) so that a step fits the device's memory (qwen3_trn.fit.solver).
+    auto: bool = False
 
 
 @dataclass
@@ -202,6 +206,13 @@ class DataConfig:
     text_column: str = "text"
     streaming: bool = False
     num_workers: int = 0
+    # Held-out text for validation (qwen3_trn.data.sources). embedded ships its own and c4 has
+    # torchtitan's validation split; files/hub take, in this order: val_path (local files, as
+    # path), val_split (hub: a split of the same dataset), else val_fraction of the documents,
+    # which training then never sees (0: none held out).
+    val_path: Optional[str] = None
+    val_split: Optional[str] = None
+    val_fraction: float = 0.01
 
 
 @dataclass
@@ -246,8 +257,27 @@ class CheckpointConfig:
     # Weights to start from (DCP folder, or HF safetensors folder with initial_load_in_hf).
     initial_load_path: Optional[str] = None
     initial_load_in_hf: bool = False
-    last_save_in_hf: bool = False
+    # Hugging Face model folders <run dir>/<hf_folder>/step-N (config.json, tokenizer, generation
+    # config, safetensors in export_dtype) at the last step, and every hf_interval steps if > 0.
+    hf_export: bool = False
+    hf_interval: int = 0
+    hf_folder: str = "hf"
     export_dtype: DType = DType.float32
+
+
+@dataclass
+class ValidationConfig:
+    """Held-out loss through torchtitan's Validator (``qwen3_trn.validation``): after step 1,
+    every ``interval`` steps and at the last step, on the same tokens each time."""
+
+    enable: bool = True
+    interval: int = 10
+    # Batches per validation; -1: the whole held-out split.
+    steps: int = 4
+    # None: training's (set both when sweeping training.seq_len or the batch size, so that every
+    # job of the sweep evaluates the same tokens).
+    local_batch_size: Optional[int] = None
+    seq_len: Optional[int] = None
 
 
 @dataclass
@@ -344,6 +374,20 @@ class SlurmLauncherConfig(LauncherConfig):
 class DeviceConfig:
     # auto: neuron if torch-neuronx imports, else cuda, else cpu.
     type: DeviceType = DeviceType.auto
+    # Memory one device offers, in GiB (None: the device's own figure, host RAM available on
+    # CPU, or the accelerator table for a device that is not on this machine).
+    memory_gib: Optional[float] = None
+    # Which accelerator a planned run targets, a key of qwen3_trn.fit.device_memory.ACCELERATORS
+    # (trn2, trn2-lnc1, trn1, h100, h200, a100-40gb, a100-80gb, ...); None: trn2 / h100.
+    accelerator: Optional[str] = None
+
+
+@dataclass
+class FitConfig:
+    """The memory fit check before any worker starts (qwen3_trn.fit)."""
+
+    # false: start training even when the estimate exceeds a rank's memory.
+    check: bool = True
 
 
 @dataclass
@@ -357,10 +401,12 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     launcher: LauncherConfig = field(default_factory=LocalLauncherConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
+    fit: FitConfig = field(default_factory=FitConfig)
     # Escape hatch: any torchtitan Trainer.Config field by its dotted path,
     # e.g. ``+titan.comm.init_timeout_seconds=600``. Checked against the real dataclass.
     titan: dict[str, Any] = field(default_factory=dict)

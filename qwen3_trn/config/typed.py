@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from qwen3_trn.config.composition import describe_value_problem
 from qwen3_trn.config.ranges import check_ranges
@@ -29,6 +29,8 @@ def run_config_from_container(plain: dict[str, Any]) -> RunConfig:
         base[group] = OmegaConf.structured(options[name])
     try:
         typed = OmegaConf.to_object(OmegaConf.merge(base, plain))
+    except MissingMandatoryValue as exc:
+        raise ConfigError(exc.full_key or "config", "has no value; set it (e.g. model=<preset> chooses model.flavor).") from None
     except OmegaConfBaseException as exc:
         raise describe_value_problem(getattr(exc, "full_key", None) or "config", str(exc)) from None
     check_ranges(typed)

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import torch
 from torchtitan.protocols.model_spec import ModelSpec
 
+from qwen3_trn.devices.cpu_allocator import retain_freed_memory
 from qwen3_trn.records import cache_dir, write_json_atomic
 
 _PROC_STATUS = Path("/proc/self/status")
@@ -150,6 +151,8 @@ def activate(compute_dtype: str = "float32") -> None:
     """Point torchtitan at the CPU. Idempotent."""
     import importlib
 
+    retain_freed_memory()
+
     module = CpuDeviceModule()
     for name in _MODULES_HOLDING_DEVICE_NAMES:
         mod = importlib.import_module(name)
@@ -166,16 +169,23 @@ def activate(compute_dtype: str = "float32") -> None:
 def _force_sum_reduction(parallelize_fn):
     """torchtitan sets ``set_gradient_divide_factor(1.0)`` on FSDP modules, which makes FSDP2
     reduce with ``ReduceOp.PREMUL_SUM``; gloo rejects that op. Forcing a plain SUM keeps the
-    same gradients (torchtitan already scales the loss by the global token count)."""
+    same gradients (torchtitan already scales the loss by the global token count).
+
+    At one rank FSDP's "reduce" is a copy, but with a divide factor set it first materialises
+    ``grads / 1.0``: a full-size temporary and a pass over every gradient each step. Without a
+    factor it copies; dividing by 1.0 is exact, so the gradients are bit-identical."""
 
     @functools.wraps(parallelize_fn)
     def parallelize(model, **kwargs):
         from torch.distributed.fsdp import FSDPModule
 
         model = parallelize_fn(model, **kwargs)
+        one_rank = torch.distributed.get_world_size() == 1
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_force_sum_reduction_for_comms(True)
+                if one_rank:
+                    module.set_gradient_divide_factor(None)
         return model
 
     return parallelize

@@ -1,9 +1,23 @@
 """Kernels for Qwen3 training: operators declared once, implementations chosen per device.
 
-Importing this package registers every operator and implementation; NKI (Trainium) modules are
-only imported when the ``nki`` kernel is selected. See README.md in this folder.
+The package owns:
+
+* the kernel registry (``registry``): operator declarations (schema, fake kernel, autograd
+  formula), per-device implementations as ``torch.library`` custom ops, and the
+  ``auto | portable | <name>`` selection with its errors;
+* the MoE expert operator ``moe_swiglu_experts`` and its kernels: ``padded_bmm`` (CPU default),
+  ``per_expert_mm``, ``grouped_mm`` (CUDA default, Neuron portable) in ``moe`` and
+  ``moe_padded``, and ``nki`` (Trainium, untested on hardware) in ``nki_moe``;
+* the layouts between torchtitan's expert tensors and the NKI kernels' blockwise layouts, and the
+  token-group alignment check for Neuron (``layouts``);
+* ``KernelGroupedExperts``, the ``GroupedExperts`` swapped into torchtitan's model config by a
+  ``ModelConfigConverter`` (``experts``).
+
+Importing this package registers every operator and implementation; Neuron modules are only
+imported when the ``nki`` kernel is selected. See README.md in this folder.
 """
 
+from . import moe_padded  # noqa: F401  (registers the padded_bmm kernel)
 from .experts import (
     KernelExpertsConverter,
     KernelGroupedExperts,
@@ -14,8 +28,6 @@ from .layouts import (
     TokenGroupAlignmentError,
     TokenGroupPlan,
     check_token_group_alignment,
-    rope_half_split_to_interleaved,
-    rope_interleaved_to_half_split,
 )
 from .moe import MOE_SWIGLU_EXPERTS, moe_swiglu_experts
 from .nki_moe import check_nki_moe_shapes, probe_nki
@@ -50,8 +62,6 @@ __all__ = [
     "register_kernel",
     "resolve_op",
     "resolved_kernel_name",
-    "rope_half_split_to_interleaved",
-    "rope_interleaved_to_half_split",
     "select_kernel",
     "use_kernel_experts",
 ]

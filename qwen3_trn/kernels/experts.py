@@ -37,7 +37,7 @@ def resolved_kernel_name(
     hidden_dim: int | None = None,
     num_experts: int | None = None,
 ) -> str:
-    """The implementation ``kernels=<kernel>`` runs on ``device_type`` (for run summaries).
+    """The implementation ``backend.kernels=<kernel>`` runs on ``device_type`` (for run summaries).
 
     Pass the expert shapes to apply kernels' shape constraints exactly as the model will.
     Raises :class:`~qwen3_trn.kernels.registry.KernelUnavailableError` where the model would.
@@ -53,7 +53,12 @@ class KernelGroupedExperts(GroupedExperts):
 
     ``kernel`` is ``auto | portable | <impl>``, resolved against the inputs' device and the
     (local) expert shapes in forward; under ``torch.compile`` the resolution runs once, eagerly,
-    at trace time. Like ``GroupedExperts``, inputs and weights are cast to bf16.
+    at trace time.
+
+    The experts compute in the dtype the activations arrive in: bf16 under bf16 mixed precision
+    (FSDP's param dtype), where this is ``GroupedExperts``' math exactly, and fp32 in fp32
+    training, where ``GroupedExperts`` rounds inputs and weights to bf16 and back. Weights in
+    another dtype than the activations are cast to it (a no-op under FSDP mixed precision).
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -71,14 +76,9 @@ class KernelGroupedExperts(GroupedExperts):
         experts, hidden_dim, dim = w1_EFD.shape
         problem = moe_problem(dim=dim, hidden_dim=hidden_dim, num_experts=experts)
         op = resolve_op(MOE_SWIGLU_EXPERTS.name, self.kernel, x_RD.device.type, problem)
-        out_RD, _gate_RF, _up_RF = op(
-            x_RD.bfloat16(),
-            w1_EFD.bfloat16(),
-            w2_EDF.bfloat16(),
-            w3_EFD.bfloat16(),
-            num_tokens_per_expert_E,
-        )
-        return out_RD.type_as(x_RD)
+        dtype = x_RD.dtype
+        out_RD, _gate_RF, _up_RF = op(x_RD, w1_EFD.to(dtype), w2_EDF.to(dtype), w3_EFD.to(dtype), num_tokens_per_expert_E)
+        return out_RD
 
 
 def use_kernel_experts(model_config: Module.Config, *, kernel: str = "auto") -> Module.Config:

@@ -20,20 +20,16 @@ All conversions here keep static shapes (no host synchronisation, no boolean mas
 number of blocks is the worst case over all routings of R rows, so they trace under
 ``torch.compile``/FakeTensor and run in Neuron's static graphs. The same block layout, with
 B = the token-group alignment, pads each expert's token group for ``torch._grouped_mm`` on
-devices that need aligned group offsets.
-
-The RoPE layout operator at the end shows that adding an operator is one registration.
+devices that need aligned group offsets, and :func:`check_token_group_alignment` checks a
+configuration against that requirement before a run starts.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
-
-from .registry import OpDeclaration, declare_op, register_kernel, resolve_op
 
 __all__ = [
     "BlockwiseRouting",
@@ -43,14 +39,11 @@ __all__ = [
     "blocks_from_rows",
     "blockwise_routing",
     "check_token_group_alignment",
-    "counts_from_blockwise_routing",
     "down_from_w2",
     "gate_up_from_w1_w3",
     "hidden_with_padding_row",
     "max_num_blocks",
     "padded_group_sizes",
-    "rope_half_split_to_interleaved",
-    "rope_interleaved_to_half_split",
     "row_expert_affinities",
     "rows_from_blocks",
     "rows_to_block_gate_up_T",
@@ -165,14 +158,6 @@ def blockwise_routing(
     )
 
 
-def counts_from_blockwise_routing(routing: BlockwiseRouting, num_experts: int) -> torch.Tensor:
-    """Recover ``num_tokens_per_expert`` (int64) from a block layout."""
-    expert_of_position = routing.block_to_expert.flatten().to(torch.int64).repeat_interleave(routing.block_size)
-    is_row = (routing.token_position_to_id < routing.padding_id).to(torch.int64)
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=is_row.device)
-    return counts.scatter_add_(0, expert_of_position, is_row)
-
-
 def padded_group_sizes(routing: BlockwiseRouting, num_experts: int) -> torch.Tensor:
     """Rows per expert in the block layout (multiples of the block size), summing to N*B."""
     sizes = torch.zeros(num_experts, dtype=torch.int64, device=routing.block_to_expert.device)
@@ -285,7 +270,7 @@ def check_token_group_alignment(
                 f"{num_experts} experts, and unpadded group offsets are multiples of {alignment} "
                 f"only if every expert gets a multiple of {alignment} rows, which needs at least "
                 f"balanced routing and rows divisible by num_experts * alignment = {quantum}. "
-                f"Use a kernel that pads token groups (kernels=auto, grouped_mm or nki), or set "
+                f"Use a kernel that pads token groups (backend.kernels=auto, grouped_mm or nki), or set "
                 f"seq_len * local_batch_size to a multiple of {step} (nearest: {nearest}) and force "
                 f"balanced routing."
             )
@@ -296,79 +281,3 @@ def check_token_group_alignment(
         max_groups=groups,
         padded_capacity=groups * alignment,
     )
-
-
-# --------------------------------------------------------------------------- RoPE layout op
-# Rotary embeddings pair feature 2i with 2i+1 ("interleaved", Meta/torchtitan complex RoPE) or
-# feature i with i + d/2 ("half-split", HF rotate_half). Converting q/k weights or activations
-# between the two is a fixed permutation of one axis.
-def _half_split_permutation(size: int, device: torch.device) -> torch.Tensor:
-    return torch.cat([torch.arange(0, size, 2, device=device), torch.arange(1, size, 2, device=device)])
-
-
-def _interleaved_permutation(size: int, device: torch.device) -> torch.Tensor:
-    return torch.argsort(_half_split_permutation(size, device))
-
-
-def _check_rope_axis(x: torch.Tensor, dim: int) -> None:
-    if x.shape[dim] % 2:
-        raise ValueError(f"RoPE layout axis {dim} has odd size {x.shape[dim]}")
-
-
-def _fake_rope_layout(x: torch.Tensor, dim: int) -> torch.Tensor:
-    _check_rope_axis(x, dim)
-    return torch.empty_like(x)
-
-
-def _rope_layout_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    ctx.dim = inputs[1]
-
-
-def _rope_layout_backward(ctx: Any, grad: torch.Tensor, *, backward_kernel: Any) -> tuple[Any, None]:
-    # A permutation's gradient is the inverse permutation: the paired op.
-    return backward_kernel(grad, ctx.dim), None
-
-
-_ROPE_SCHEMA = "(Tensor x, int dim) -> Tensor"
-ROPE_INTERLEAVED_TO_HALF_SPLIT = declare_op(
-    OpDeclaration(
-        name="rope_interleaved_to_half_split",
-        schema=_ROPE_SCHEMA,
-        fake=_fake_rope_layout,
-        setup_context=_rope_layout_setup_context,
-        backward=_rope_layout_backward,
-        backward_op="rope_half_split_to_interleaved",
-    )
-)
-ROPE_HALF_SPLIT_TO_INTERLEAVED = declare_op(
-    OpDeclaration(
-        name="rope_half_split_to_interleaved",
-        schema=_ROPE_SCHEMA,
-        fake=_fake_rope_layout,
-        setup_context=_rope_layout_setup_context,
-        backward=_rope_layout_backward,
-        backward_op="rope_interleaved_to_half_split",
-    )
-)
-
-
-@register_kernel("rope_interleaved_to_half_split", "index_select", devices=("cpu", "cuda", "neuron"))
-def _rope_to_half_split(x: torch.Tensor, dim: int) -> torch.Tensor:
-    _check_rope_axis(x, dim)
-    return x.index_select(dim, _half_split_permutation(x.shape[dim], x.device))
-
-
-@register_kernel("rope_half_split_to_interleaved", "index_select", devices=("cpu", "cuda", "neuron"))
-def _rope_to_interleaved(x: torch.Tensor, dim: int) -> torch.Tensor:
-    _check_rope_axis(x, dim)
-    return x.index_select(dim, _interleaved_permutation(x.shape[dim], x.device))
-
-
-def rope_interleaved_to_half_split(x: torch.Tensor, dim: int = -1, *, kernel: str = "auto") -> torch.Tensor:
-    """``[..., (x0, x1), (x2, x3), ...]`` -> ``[..., x0, x2, ..., x1, x3, ...]`` along ``dim``."""
-    return resolve_op(ROPE_INTERLEAVED_TO_HALF_SPLIT.name, kernel, x.device.type)(x, dim)
-
-
-def rope_half_split_to_interleaved(x: torch.Tensor, dim: int = -1, *, kernel: str = "auto") -> torch.Tensor:
-    """Inverse of :func:`rope_interleaved_to_half_split`."""
-    return resolve_op(ROPE_HALF_SPLIT_TO_INTERLEAVED.name, kernel, x.device.type)(x, dim)

@@ -15,14 +15,19 @@ Portable implementations:
 * ``grouped_mm``: ``torch._grouped_mm`` in the input dtype, as torchtitan does. On devices that
   need aligned group offsets (Neuron: 128 rows) each expert's group is padded in a static
   buffer first. Best on CUDA; the only portable one on Neuron.
-* ``per_expert_mm``: one dense matmul per non-empty expert on contiguous row slices. On CPUs
-  without native bf16 matmul (no AVX512-BF16/AMX) each slice is upcast to fp32 for the matmul,
-  which is what bf16 tensor cores do too (bf16 operands, fp32 accumulation); outputs are
-  stored in the input dtype. Needs the counts on the host (one sync). Best on CPU.
+* ``per_expert_mm``: one dense matmul per non-empty expert, written straight into row slices
+  of the outputs; the SwiGLU and its gradient run once over all rows. On CPUs without native
+  bf16 matmul (no AVX512-BF16/AMX) bf16 inputs are upcast once to fp32 for the matmuls, which
+  is what bf16 tensor cores do too (bf16 operands, fp32 accumulation); outputs are stored in
+  the input dtype. Reads the counts on the host once per call (free on CPU, a device sync
+  elsewhere). Best on CPU.
+
+Both compute in the dtype of their inputs; neither copies weights.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,15 +40,25 @@ from .layouts import (
     padded_group_sizes,
     rows_from_blocks,
 )
-from .registry import KernelChoice, OpDeclaration, declare_op, register_kernel, resolve_op
+from .registry import (
+    KernelChoice,
+    OpDeclaration,
+    declare_op,
+    register_kernel,
+    resolve_op,
+)
 
 __all__ = [
     "GROUPED_MM_TOKEN_ALIGNMENT",
     "MOE_SWIGLU_EXPERTS",
     "MOE_SWIGLU_EXPERTS_BACKWARD",
+    "expert_row_ranges",
+    "in_matmul_dtype",
     "matmul_dtype",
     "moe_problem",
     "moe_swiglu_experts",
+    "swiglu",
+    "swiglu_backward",
 ]
 
 # Devices whose grouped matmul needs every group offset to be a multiple of this many rows.
@@ -135,13 +150,20 @@ def _check_inputs(x, w1, w2, w3, num_tokens_per_expert) -> None:
         raise ValueError(f"num_tokens_per_expert must be an integer tensor of shape ({experts},)")
 
 
-def _swiglu_grads(grad_h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``h = silu(gate) * up``: returns ``(h, d gate, d up)`` computed in fp32."""
-    gate, up, grad_h = gate.float(), up.float(), grad_h.float()
-    sigmoid = torch.sigmoid(gate)
-    silu = gate * sigmoid
-    grad_gate = grad_h * up * sigmoid * (1 + gate * (1 - sigmoid))
-    return silu * up, grad_gate, grad_h * silu
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate).mul_(up)
+
+
+def swiglu_backward(grad_h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``h = silu(gate) * up``: returns ``(h, d gate, d up)`` in the inputs' dtype.
+
+    Four elementwise passes; ``silu`` and ``silu_backward`` compute in fp32 internally for
+    bf16 inputs, as autograd through ``GroupedExperts``' SwiGLU does.
+    """
+    silu = F.silu(gate)
+    grad_up = grad_h * silu
+    grad_gate = torch.ops.aten.silu_backward(grad_h.mul_(up), gate)
+    return silu.mul_(up), grad_gate, grad_up
 
 
 # --------------------------------------------------------------------------- grouped_mm
@@ -190,7 +212,7 @@ def _grouped_mm_forward(x, w1, w2, w3, num_tokens_per_expert):
     x = groups.pad(x)
     gate = torch._grouped_mm(x, w1.transpose(-2, -1), offs=groups.offsets)
     up = torch._grouped_mm(x, w3.transpose(-2, -1), offs=groups.offsets)
-    out = torch._grouped_mm(F.silu(gate) * up, w2.transpose(-2, -1), offs=groups.offsets)
+    out = torch._grouped_mm(swiglu(gate, up), w2.transpose(-2, -1), offs=groups.offsets)
     return groups.unpad(out), groups.unpad(gate), groups.unpad(up)
 
 
@@ -205,10 +227,10 @@ def _grouped_mm_backward(grad_out, x, w1, w2, w3, num_tokens_per_expert, gate, u
     groups = _token_groups(x, num_tokens_per_expert)
     offs = groups.offsets
     grad_out, x, gate, up = groups.pad(grad_out), groups.pad(x), groups.pad(gate), groups.pad(up)
-    grad_h = torch._grouped_mm(grad_out, w2, offs=offs)
-    h, grad_gate, grad_up = (t.to(x.dtype) for t in _swiglu_grads(grad_h, gate, up))
-    grad_x = torch._grouped_mm(grad_gate, w1, offs=offs) + torch._grouped_mm(grad_up, w3, offs=offs)
-    # 2D x 2D grouped_mm groups the reduction axis: [F, R] @ [R, D] -> [E, F, D].
+    h, grad_gate, grad_up = swiglu_backward(torch._grouped_mm(grad_out, w2, offs=offs), gate, up)
+    grad_x = torch._grouped_mm(grad_gate, w1, offs=offs).add_(torch._grouped_mm(grad_up, w3, offs=offs))
+    # 2D x 2D grouped_mm groups the reduction axis: [F, R] @ [R, D] -> [E, F, D]; experts
+    # without rows get zeros.
     grad_w1 = torch._grouped_mm(grad_gate.t(), x, offs=offs)
     grad_w3 = torch._grouped_mm(grad_up.t(), x, offs=offs)
     grad_w2 = torch._grouped_mm(grad_out.t(), h, offs=offs)
@@ -227,37 +249,60 @@ def matmul_dtype(t: torch.Tensor) -> torch.dtype:
     return t.dtype
 
 
-def _expert_row_ranges(num_tokens_per_expert: torch.Tensor, num_rows: int) -> list[tuple[int, int, int]]:
-    """``(expert, start, end)`` of every non-empty expert (host sync on the counts)."""
+def expert_row_ranges(num_tokens_per_expert: torch.Tensor, num_rows: int) -> tuple[list[tuple[int, int, int]], list[int]]:
+    """``(expert, start, end)`` of every non-empty expert, and the empty experts.
+
+    Reads the counts on the host once (free on CPU; one device sync elsewhere).
+    """
     counts = num_tokens_per_expert.tolist()
     if sum(counts) != num_rows:
         raise ValueError(f"num_tokens_per_expert sums to {sum(counts)}, but x has {num_rows} rows")
-    ranges, start = [], 0
+    ranges, empty, start = [], [], 0
     for expert, count in enumerate(counts):
         if count:
             ranges.append((expert, start, start + count))
+        else:
+            empty.append(expert)
         start += count
-    return ranges
+    return ranges, empty
 
 
+def in_matmul_dtype(kernel):
+    """Run ``kernel`` on inputs upcast once to the matmul dtype (fp32 where bf16/fp16 matmuls are
+    emulated), casting its outputs back; a plain call where the input dtype is native."""
+
+    @functools.wraps(kernel)
+    def wrapper(*tensors):
+        dtype = tensors[0].dtype
+        mm_dtype = matmul_dtype(tensors[0])
+        if mm_dtype == dtype:
+            return kernel(*tensors)
+        upcast = (t if not t.is_floating_point() else t.to(mm_dtype) for t in tensors)
+        return tuple(t.to(dtype) for t in kernel(*upcast))
+
+    return wrapper
+
+
+# Matmuls write straight into row slices of the outputs (``out=``) and weight-gradient slots, and
+# the SwiGLU runs once over all rows: per expert only the matmuls are launched.
 @register_kernel(
     "moe_swiglu_experts",
     "per_expert_mm",
     devices=("cpu", "cuda"),
     priority={"cpu": 20, "*": 5},
 )
+@in_matmul_dtype
 def _per_expert_forward(x, w1, w2, w3, num_tokens_per_expert):
     rows, dim = x.shape
     hidden = w1.shape[1]
-    out, gate, up = x.new_empty(rows, dim), x.new_empty(rows, hidden), x.new_empty(rows, hidden)
-    mm_dtype = matmul_dtype(x)
-    for expert, start, end in _expert_row_ranges(num_tokens_per_expert, rows):
-        x_e = x[start:end].to(mm_dtype)
-        gate_e = x_e @ w1[expert].to(mm_dtype).t()
-        up_e = x_e @ w3[expert].to(mm_dtype).t()
-        out[start:end] = (F.silu(gate_e) * up_e) @ w2[expert].to(mm_dtype).t()
-        gate[start:end] = gate_e
-        up[start:end] = up_e
+    ranges, _empty = expert_row_ranges(num_tokens_per_expert, rows)
+    gate, up, out = x.new_empty(rows, hidden), x.new_empty(rows, hidden), x.new_empty(rows, dim)
+    for expert, start, end in ranges:
+        torch.mm(x[start:end], w1[expert].t(), out=gate[start:end])
+        torch.mm(x[start:end], w3[expert].t(), out=up[start:end])
+    h = swiglu(gate, up)
+    for expert, start, end in ranges:
+        torch.mm(h[start:end], w2[expert].t(), out=out[start:end])
     return out, gate, up
 
 
@@ -267,21 +312,23 @@ def _per_expert_forward(x, w1, w2, w3, num_tokens_per_expert):
     devices=("cpu", "cuda"),
     priority={"cpu": 20, "*": 5},
 )
+@in_matmul_dtype
 def _per_expert_backward(grad_out, x, w1, w2, w3, num_tokens_per_expert, gate, up, out):
+    ranges, empty = expert_row_ranges(num_tokens_per_expert, x.shape[0])
+    grad_h = torch.empty_like(gate)
+    for expert, start, end in ranges:
+        torch.mm(grad_out[start:end], w2[expert], out=grad_h[start:end])
+    h, grad_gate, grad_up = swiglu_backward(grad_h, gate, up)
     grad_x = torch.empty_like(x)
     grad_w1, grad_w2, grad_w3 = torch.empty_like(w1), torch.empty_like(w2), torch.empty_like(w3)
-    mm_dtype = matmul_dtype(x)
-    ranges = _expert_row_ranges(num_tokens_per_expert, x.shape[0])
-    empty_experts = sorted(set(range(w1.shape[0])) - {expert for expert, _, _ in ranges})
-    for grad_w in (grad_w1, grad_w2, grad_w3):
-        grad_w[empty_experts] = 0
     for expert, start, end in ranges:
-        w1_e, w2_e, w3_e = (w[expert].to(mm_dtype) for w in (w1, w2, w3))
-        x_e = x[start:end].to(mm_dtype)
-        grad_out_e = grad_out[start:end].to(mm_dtype)
-        h_e, grad_gate_e, grad_up_e = (t.to(mm_dtype) for t in _swiglu_grads(grad_out_e @ w2_e, gate[start:end], up[start:end]))
-        grad_x[start:end] = torch.addmm(grad_gate_e @ w1_e, grad_up_e, w3_e)
-        grad_w1[expert] = grad_gate_e.t() @ x_e
-        grad_w3[expert] = grad_up_e.t() @ x_e
-        grad_w2[expert] = grad_out_e.t() @ h_e
+        rows = slice(start, end)
+        torch.mm(grad_gate[rows], w1[expert], out=grad_x[rows]).addmm_(grad_up[rows], w3[expert])
+        torch.mm(grad_gate[rows].t(), x[rows], out=grad_w1[expert])
+        torch.mm(grad_up[rows].t(), x[rows], out=grad_w3[expert])
+        torch.mm(grad_out[rows].t(), h[rows], out=grad_w2[expert])
+    if empty:
+        empty_experts = torch.tensor(empty, device=x.device)
+        for grad_w in (grad_w1, grad_w2, grad_w3):
+            grad_w.index_fill_(0, empty_experts, 0)
     return grad_x, grad_w1, grad_w2, grad_w3

@@ -69,7 +69,7 @@ NKI_REQUIRED_MODULES = ("torch_neuronx", "nki", "nkilib")
 _INSTALL_HINT = (
     "The nki kernel needs a Trainium host with the AWS Neuron SDK: torch-neuronx (which brings "
     "nki) and nki-library (nkilib). Install them from the Neuron pip repository, or use "
-    "kernels=portable (or kernels=auto) to run a portable kernel."
+    "backend.kernels=portable (or backend.kernels=auto) to run a portable kernel."
 )
 
 

@@ -2,7 +2,7 @@
 
 An operator is declared once (:class:`OpDeclaration`): its schema, its fake kernel (output
 metadata for ``torch.compile``/meta tensors) and its autograd formula. Implementations
-(``nki``, ``grouped_mm``, ``per_expert_mm``, ...) are registered against it with
+(``nki``, ``grouped_mm``, ``padded_bmm``, ...) are registered against it with
 :func:`register_kernel`, each with the device types it runs on, an availability probe and a
 priority used by ``auto``.
 
@@ -293,7 +293,7 @@ class KernelRegistry:
         if device_type not in impl.devices:
             raise KernelUnavailableError(
                 f"kernel {requested!r} for {op_name!r} runs on {sorted(impl.devices)}, not on "
-                f"{device_type!r}. Use kernels=auto, or one of "
+                f"{device_type!r}. Use backend.kernels=auto, or one of "
                 f"{self._names_for_device(impls, device_type)} on {device_type!r}."
             )
         reason = impl.unavailable_reason()
@@ -303,7 +303,7 @@ class KernelRegistry:
         if reason is not None:
             raise KernelUnavailableError(
                 f"kernel {requested!r} for {op_name!r} does not support this model: {reason}. "
-                "Use kernels=portable or change the model shape."
+                "Use backend.kernels=portable or change the model shape."
             )
         return KernelChoice(op_name, impl.name, device_type, requested, self)
 

@@ -1,12 +1,14 @@
 """Comparison reports over finished runs, without any server.
 
-``python -m qwen3_trn.report <sweep dir | run dirs...> [--out DIR] [--source auto|metrics|wandb] [--publish]``
-writes ``report.html`` (plots embedded: loss vs step per run, tokens/s, peak memory, MFU, final
-loss vs each swept key), ``report.md`` and ``report.csv`` (one row per run, failed and skipped
-jobs of a sweep included). Runs are read from their own files (``metrics.jsonl``,
-``summary.json``, ``overrides.yaml``) or, with ``--source wandb`` or when a run has no metrics
-file, from its offline wandb run. The swept keys are the overrides whose values differ between
-runs. ``--publish`` also tries to publish a wandb Report (``publish.py``).
+``python -m qwen3_trn.report <sweep dir | run dirs...> [--out DIR] [--publish]`` writes
+``report.html`` (figures embedded: train and validation loss vs step per run, tokens/s, peak
+memory, MFU; the final loss against each swept key: bars per value of a categorical key, lines
+against a numeric one; for two swept keys, heatmaps of final validation loss, tokens/s and peak
+memory with the values in the cells), ``report.md`` and ``report.csv`` (one row per run, failed
+and skipped jobs of a sweep included). Runs are read from their own record (``metrics.jsonl``
+and ``summary.json``; ``overrides.yaml`` and the sweep's manifest say what was swept). The
+swept keys are the overrides whose values differ between runs. ``--publish`` also tries to
+publish a wandb Report with the same panels (``publish.py``).
 """
 
 from __future__ import annotations
@@ -38,16 +40,22 @@ def _notes(collection: Collection) -> list[str]:
         elif run.status == "failed":
             notes.append(f"failed {run.label}: {run.note or 'see its run directory'}")
         elif run.status == "completed" and not run.records:
-            notes.append(f"{run.label}: no per-step metrics found (no metrics.jsonl and no offline wandb run)")
+            notes.append(f"{run.label}: no per-step metrics found (no metrics.jsonl)")
+    digests = {run.figures.get("validation_tokens_sha256") for run in collection.runs if "val_loss" in run.figures}
+    if len(digests) > 1:
+        notes.append(
+            "the runs evaluated different validation tokens (validation_tokens_sha256 differs), so their val_loss "
+            "are not on the same text; set validation.seq_len and validation.local_batch_size to compare them"
+        )
     return notes
 
 
 def build_report(
-    paths: list[Path | str], out_dir: Path | str | None = None, source: str = "auto", publish: bool = False, title: str | None = None
+    paths: list[Path | str], out_dir: Path | str | None = None, publish: bool = False, title: str | None = None
 ) -> ReportResult:
     from qwen3_trn.report.render import make_plots, render_html, render_markdown, write_csv
 
-    collection = collect([Path(p) for p in paths], source=source)
+    collection = collect([Path(p) for p in paths])
     if title:
         collection.title = title
     out = Path(out_dir) if out_dir else (Path(paths[0]) if len(paths) == 1 and Path(paths[0]).is_dir() else Path("."))

@@ -1,4 +1,4 @@
-"""``python -m qwen3_trn.report <sweep dir | run dirs...> [--out DIR] [--source ...] [--publish]``."""
+"""``python -m qwen3_trn.report <sweep dir | run dirs...> [--out DIR] [--publish]``."""
 
 from __future__ import annotations
 
@@ -16,18 +16,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="+", help="a sweep directory, run directories, or folders holding them")
     parser.add_argument("--out", help="where to write the report (default: the one directory given, else .)")
     parser.add_argument(
-        "--source",
-        choices=("auto", "metrics", "wandb"),
-        default="auto",
-        help="read each run's metrics.jsonl (metrics), its offline wandb run (wandb), or metrics.jsonl when present, else wandb (auto)",
-    )
-    parser.add_argument(
         "--publish", action="store_true", help="also publish a wandb Report (needs wandb-workspaces, an API key and the network)"
     )
     parser.add_argument("--title", help="report title")
     args = parser.parse_args(argv)
     try:
-        result = build_report(args.paths, out_dir=args.out, source=args.source, publish=args.publish, title=args.title)
+        result = build_report(args.paths, out_dir=args.out, publish=args.publish, title=args.title)
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

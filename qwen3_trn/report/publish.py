@@ -1,8 +1,14 @@
-"""Optionally publish a wandb Report (wandb-workspaces) for the same runs, grouped by the swept keys.
+"""Optionally publish a wandb Report (wandb-workspaces) for the same runs, with the local report's panels.
 
 Needs the ``wandb-workspaces`` package (not a dependency), an API key (``WANDB_API_KEY`` or
-``wandb login``) and the network. Offline runs are uploaded first with ``wandb sync``. Anything
-missing is said in one line; the local report is written either way.
+``wandb login``) and the network. Offline runs (their directories are named in each run's
+summary.json) are uploaded first with ``wandb sync``. Anything missing is said in one line; the
+local report is written either way.
+
+Panels: training and validation loss vs step; tokens/s and peak memory per run; the final loss
+against each swept key (bars per value of a categorical key, points against the value of a
+numeric one); for two swept keys, a heatmap-style scatter of each grid figure (the two keys on
+the axes, the figure as colour).
 """
 
 from __future__ import annotations
@@ -12,17 +18,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+from qwen3_trn.report.figures import final_loss_key, grid_keys, ordered_values, trained
 from qwen3_trn.report.runs import Collection
-from qwen3_trn.report.wandb_offline import find_run_files, read_offline_run
 from qwen3_trn.tracking import wandb_api_key
+
+GRID_FIGURES = (("tokens_per_s", "tokens/s"), ("peak_memory_gib", "peak memory (GiB)"))
 
 
 def _offline_dirs(collection: Collection) -> list[Path]:
-    dirs = []
-    for run in collection.runs:
-        if run.run_dir is not None:
-            dirs += [f.parent for f in find_run_files(run.run_dir) if f.parent.name.startswith("offline-run-")]
-    return dirs
+    """The offline wandb run directories the runs' summaries name."""
+    return [
+        Path(run.wandb_dir)
+        for run in collection.runs
+        if run.wandb_dir and Path(run.wandb_dir).name.startswith("offline-run-") and Path(run.wandb_dir).is_dir()
+    ]
 
 
 def publish_report(collection: Collection, title: str | None = None) -> tuple[bool, str]:
@@ -35,10 +44,7 @@ def publish_report(collection: Collection, title: str | None = None) -> tuple[bo
         return False, "wandb Report not published: no wandb API key (set WANDB_API_KEY or run `wandb login`)."
     project = entity = None
     for run in collection.runs:
-        files = find_run_files(run.run_dir) if run.run_dir else []
-        if files:
-            offline = read_offline_run(files[-1])
-            project, entity = offline.project or project, offline.entity or entity
+        project, entity = run.wandb.get("project") or project, run.wandb.get("entity") or entity
     if project is None:
         return False, "wandb Report not published: none of these runs logged to wandb (logger=wandb)."
     reachable, why = _server_reachable()
@@ -70,24 +76,64 @@ def _server_reachable(timeout: float = 5.0) -> tuple[bool, str]:
         return False, f"{host}:{port}: {exc}"
 
 
+def _numeric_key(collection: Collection, key: str) -> bool:
+    return ordered_values([run.params[key] for run in collection.runs if key in run.params])[1]
+
+
+def _axis(wr, collection: Collection, key: str):
+    """A swept key as a wandb config column: its typed value in the logged config (config.yaml) for a
+    numeric key, its override string (run.params) otherwise."""
+    return wr.Config(key) if _numeric_key(collection, key) else wr.Config(f"run.params.{key}")
+
+
+def report_panels(wr, collection: Collection) -> list:
+    """The wandb panels for the collection (the local report's figures)."""
+    figure_key, name = final_loss_key(trained(collection.runs))
+    panels = [
+        wr.LinePlot(title="training and validation loss", x="Step", y=["loss", "val_loss"]),
+        wr.BarPlot(title="tokens/s", metrics=["tokens_per_s"]),
+        wr.BarPlot(title="peak memory (GiB)", metrics=["memory_peak_gib"]),
+    ]
+    for key in collection.swept_keys:
+        if _numeric_key(collection, key):
+            panels.append(wr.ScatterPlot(title=f"{name} vs {key}", x=_axis(wr, collection, key), y=wr.SummaryMetric(figure_key)))
+        else:
+            panels.append(
+                wr.BarPlot(
+                    title=f"{name} by {key}",
+                    metrics=[wr.SummaryMetric(figure_key)],
+                    groupby=_axis(wr, collection, key),
+                    groupby_aggfunc="mean",
+                )
+            )
+    grid = grid_keys(collection.runs, collection.swept_keys)
+    if len(grid) == 2:
+        rows, columns = grid
+        for key, title in ((figure_key, name), *GRID_FIGURES):
+            panels.append(
+                wr.ScatterPlot(
+                    title=f"heatmap: {title} over {rows} x {columns}",
+                    x=_axis(wr, collection, columns),
+                    y=_axis(wr, collection, rows),
+                    z=wr.SummaryMetric(key),
+                )
+            )
+    return panels
+
+
 def wandb_report(wr, collection: Collection, project: str, entity: str | None, title: str | None):
     """The wandb Report object (built offline; ``save()`` publishes it): the runs grouped by the
-    swept keys, with loss, throughput and memory panels and final loss vs each swept key."""
+    swept keys, with the local report's panels."""
     # each run's config has run.params: its overrides as key -> value (qwen3_trn.tracking)
     runset_kwargs = dict(project=project, groupby=[f"config.run.params.{k}" for k in collection.swept_keys])
     if entity:
         runset_kwargs["entity"] = entity
     if collection.groups:
         runset_kwargs["filters"] = " or ".join(f"Group == '{g}'" for g in collection.groups)
-    panels = [
-        wr.LinePlot(title="loss", x="Step", y=["loss"]),
-        wr.LinePlot(title="tokens/s", x="Step", y=["tokens_per_s"]),
-        wr.BarPlot(title="peak memory (GiB)", metrics=["memory_peak_gib"]),
-    ] + [wr.ScatterPlot(title=f"final loss vs {k}", x=f"config.run.params.{k}", y="summary.last_loss") for k in collection.swept_keys]
     return wr.Report(
         project=project,
         **({"entity": entity} if entity else {}),
         title=title or collection.title,
         description=f"{len(collection.runs)} runs; swept: {', '.join(collection.swept_keys) or 'none'}",
-        blocks=[wr.PanelGrid(runsets=[wr.Runset(**runset_kwargs)], panels=panels)],
+        blocks=[wr.PanelGrid(runsets=[wr.Runset(**runset_kwargs)], panels=report_panels(wr, collection))],
     )

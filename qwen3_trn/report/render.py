@@ -1,4 +1,5 @@
-"""The comparison report: matplotlib plots embedded in one HTML page, plus Markdown and CSV tables."""
+"""The comparison report: the figures (``figures.py``) embedded in one HTML page, plus Markdown
+and CSV tables."""
 
 from __future__ import annotations
 
@@ -6,131 +7,23 @@ import base64
 import csv
 import html
 import io
+import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from qwen3_trn.records import write_text_atomic
-from qwen3_trn.report.runs import Collection, RunData
+from qwen3_trn.report.figures import Plot
+from qwen3_trn.report.figures import make_plots as _make_plots
+from qwen3_trn.report.runs import Collection
 
 STATUS_COLORS = {"completed": "#1a7f37", "failed": "#cf222e", "skipped": "#9a6700"}
-
-
-@dataclass
-class Plot:
-    id: str
-    title: str
-    png: bytes
-    caption: str = ""
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _png(fig) -> bytes:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
-    _pyplot().close(fig)
-    return buffer.getvalue()
-
-
-def _number(value: str) -> float | None:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _trained(runs: list[RunData]) -> list[RunData]:
-    return [r for r in runs if r.records]
-
-
-def plot_loss(runs: list[RunData]) -> Plot | None:
-    trained = _trained(runs)
-    if not trained:
-        return None
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for run in trained:
-        points = [(r["step"], r["loss"]) for r in run.records if "loss" in r]
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=run.label)
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title("Training loss vs step")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    return Plot("loss_vs_step", "Loss vs step", _png(fig), "one line per run, from each run's per-step record")
-
-
-def plot_bars(runs: list[RunData], key: str, title: str, unit: str, plot_id: str) -> Plot | None:
-    rows = [(r.label, r.figures[key]) for r in _trained(runs) if r.figures.get(key) is not None]
-    if not rows:
-        return None
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * len(rows)))
-    ax.barh([r[0] for r in rows], [r[1] for r in rows], color="#4c72b0")
-    for i, (_, value) in enumerate(rows):
-        ax.text(value, i, f" {value:,.3g}", va="center", fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel(unit)
-    ax.set_title(title)
-    ax.grid(axis="x", alpha=0.3)
-    return Plot(plot_id, title, _png(fig))
-
-
-def plot_final_loss_vs(runs: list[RunData], key: str, keys: list[str]) -> Plot | None:
-    """Final loss against one swept key; one series per combination of the other swept keys."""
-    trained = [r for r in _trained(runs) if key in r.params and r.figures.get("last_loss") is not None]
-    if not trained:
-        return None
-    values = list(dict.fromkeys(r.params[key] for r in trained))
-    numeric = all(_number(v) is not None for v in values)
-    values = sorted(values, key=_number) if numeric else values
-    others = [k for k in keys if k != key]
-    series: dict[str, list[tuple[Any, float]]] = {}
-    for run in trained:
-        name = ", ".join(f"{k}={run.params.get(k, '-')}" for k in others) or "runs"
-        x = _number(run.params[key]) if numeric else values.index(run.params[key])
-        series.setdefault(name, []).append((x, run.figures["last_loss"]))
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for name, points in series.items():
-        points.sort()
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
-    if not numeric:
-        ax.set_xticks(range(len(values)), values)
-    elif len(values) <= 12:
-        ax.set_xticks([_number(v) for v in values], values)
-    ax.set_xlabel(key)
-    ax.set_ylabel("final loss")
-    ax.set_title(f"Final loss vs {key}")
-    ax.grid(alpha=0.3)
-    if len(series) > 1:
-        ax.legend(fontsize=8, loc="best")
-    return Plot(f"final_loss_vs_{key}", f"Final loss vs {key}", _png(fig))
+# Columns shown with a short form in HTML and Markdown (the CSV keeps the full value).
+SHORT = {"validation_tokens_sha256": 12}
 
 
 def make_plots(collection: Collection) -> list[Plot]:
-    runs = collection.runs
-    plots = [
-        plot_loss(runs),
-        plot_bars(runs, "tokens_per_s", "Throughput (steady state, step 1 excluded)", "tokens / s", "tokens_per_s"),
-        plot_bars(runs, "peak_memory_gib", "Peak memory", "GiB (max reserved)", "peak_memory"),
-    ]
-    if any("mfu_pct" in r.figures for r in runs):
-        plots.append(plot_bars(runs, "mfu_pct", "MFU", "% of peak", "mfu"))
-    plots += [plot_final_loss_vs(runs, key, collection.swept_keys) for key in collection.swept_keys]
-    return [p for p in plots if p is not None]
+    return _make_plots(collection.runs, collection.swept_keys)
 
 
 # ------------------------------------------------------------------------------------------
@@ -159,10 +52,13 @@ def table_rows(collection: Collection) -> tuple[list[str], list[list[Any]]]:
         "first_loss",
         "final_loss",
         "min_loss",
+        "val_loss",
+        "val_perplexity",
         "tokens_per_s",
         "peak_memory_gib",
         "mfu_pct",
         "wall_time_s",
+        "validation_tokens_sha256",
         "source",
         "wandb_run_id",
         "run_dir",
@@ -182,10 +78,13 @@ def table_rows(collection: Collection) -> tuple[list[str], list[list[Any]]]:
                 f.get("first_loss"),
                 f.get("last_loss"),
                 f.get("min_loss"),
+                f.get("val_loss"),
+                f.get("val_perplexity"),
                 f.get("tokens_per_s"),
                 f.get("peak_memory_gib"),
                 f.get("mfu_pct"),
                 f.get("wall_time_s"),
+                f.get("validation_tokens_sha256"),
                 run.source,
                 run.wandb_run_id or "",
                 str(run.run_dir or ""),
@@ -193,6 +92,11 @@ def table_rows(collection: Collection) -> tuple[list[str], list[list[Any]]]:
             ]
         )
     return header, rows
+
+
+def _shown(name: str, value: Any) -> str:
+    text = _fmt(value)
+    return text[: SHORT[name]] if name in SHORT else text
 
 
 def write_csv(path: Path, collection: Collection) -> None:
@@ -204,8 +108,23 @@ def write_csv(path: Path, collection: Collection) -> None:
     write_text_atomic(path, handle.getvalue())
 
 
-def _md_cell(value: Any) -> str:
-    return _fmt(value).replace("|", "\\|").replace("\n", " ")
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _markdown_grid(plot: Plot) -> list[str]:
+    """A heatmap as a Markdown table: rows and columns of the two swept keys, values in the cells."""
+    (row_key, rows), (column_key, columns) = plot.rows, plot.columns
+    values = {(c.row, c.column): c.text for c in plot.cells}
+    lines = [
+        f"**{plot.title}** (rows: {row_key}, columns: {column_key})",
+        "",
+        "| " + " | ".join([_md_cell(f"{row_key} \\ {column_key}"), *map(_md_cell, columns)]) + " |",
+        "|" + "---|" * (len(columns) + 1),
+    ]
+    for i, row in enumerate(rows):
+        lines.append("| " + " | ".join([_md_cell(row), *(values.get((i, j), "n/a") for j in range(len(columns)))]) + " |")
+    return lines + [""]
 
 
 def render_markdown(collection: Collection, plots: list[Plot], notes: list[str]) -> str:
@@ -214,10 +133,13 @@ def render_markdown(collection: Collection, plots: list[Plot], notes: list[str])
     counts = _counts(collection)
     lines = [f"# {collection.title}", "", _counts_line(counts, collection), ""]
     lines += [f"- {n}" for n in notes] + ([""] if notes else [])
+    for plot in plots:
+        if plot.cells:
+            lines += _markdown_grid(plot)
     lines.append("| " + " | ".join(header[i] for i in shown) + " |")
     lines.append("|" + "---|" * len(shown))
     for row in rows:
-        lines.append("| " + " | ".join(_md_cell(row[i]) for i in shown) + " |")
+        lines.append("| " + " | ".join(_md_cell(_shown(header[i], row[i])) for i in shown) + " |")
     lines += ["", "Plots: " + ", ".join(p.title for p in plots) + " (in report.html)." if plots else "No trained run to plot.", ""]
     return "\n".join(lines)
 
@@ -244,38 +166,70 @@ table { border-collapse: collapse; font-size: 0.85em; } th, td { border: 1px sol
 th { background: #f6f8fa; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .status-completed { color: #1a7f37; } .status-failed { color: #cf222e; font-weight: bold; } .status-skipped { color: #9a6700; }
 .notes li { margin-bottom: 0.3em; }
+figure.heatmap svg { max-width: 100%; height: auto; border: 1px solid #d0d7de; }
 """
 
-# Sets the page title and body[data-plots-loaded] once every plot image has decoded, so a
-# headless browser (and a person) can tell the plots rendered.
+# Once the page has loaded: body[data-plots-loaded] counts the plot images that decoded, and
+# each heatmap's data-cells-drawn the cells the browser laid out with a size and a fill, so a
+# headless browser (and a person) can tell the figures rendered.
 _SCRIPT = """
 window.addEventListener('load', function () {
   var imgs = Array.prototype.slice.call(document.querySelectorAll('img.plot'));
   var ok = imgs.filter(function (img) { return img.complete && img.naturalWidth > 0; }).length;
   document.body.setAttribute('data-plots-loaded', String(ok));
   document.body.setAttribute('data-plots-total', String(imgs.length));
+  var drawn = 0;
+  document.querySelectorAll('figure.heatmap').forEach(function (fig) {
+    var cells = Array.prototype.slice.call(fig.querySelectorAll('[id^="' + fig.id + '-cell-"]'));
+    var shown = cells.filter(function (cell) {
+      var box = cell.getBoundingClientRect();
+      var path = cell.querySelector('path') || cell;
+      var fill = window.getComputedStyle(path).fill;
+      return box.width > 4 && box.height > 4 && fill && fill !== 'none';
+    }).length;
+    fig.setAttribute('data-cells-drawn', String(shown));
+    drawn += shown;
+  });
+  document.body.setAttribute('data-heatmap-cells-drawn', String(drawn));
   document.title = document.title + ' [' + ok + '/' + imgs.length + ' plots]';
 });
 """
 
 
+def _figure_html(plot: Plot) -> str:
+    esc = html.escape
+    caption = f"<figcaption>{esc(plot.caption or plot.title)}</figcaption>"
+    if plot.svg is not None:
+        cells = json.dumps([{"row": c.row, "column": c.column, "value": c.value, "text": c.text, "color": c.color} for c in plot.cells])
+        return f'<figure id="{esc(plot.id)}" class="heatmap" data-cells="{esc(cells)}">{plot.svg}{caption}</figure>'
+    src = f"data:image/png;base64,{base64.b64encode(plot.png).decode()}"
+    return f'<figure id="{esc(plot.id)}"><img class="plot" alt="{esc(plot.title)}" src="{src}">{caption}</figure>'
+
+
 def render_html(collection: Collection, plots: list[Plot], notes: list[str]) -> str:
     esc = html.escape
     header, rows = table_rows(collection)
-    numeric = {"first_loss", "final_loss", "min_loss", "tokens_per_s", "peak_memory_gib", "mfu_pct", "wall_time_s", "steps"}
+    numeric = {
+        "first_loss",
+        "final_loss",
+        "min_loss",
+        "val_loss",
+        "val_perplexity",
+        "tokens_per_s",
+        "peak_memory_gib",
+        "mfu_pct",
+        "wall_time_s",
+        "steps",
+    }
     head = "".join(f"<th>{esc(h)}</th>" for h in header)
     body = []
     for run, row in zip(collection.runs, rows):
         cells = []
         for name, value in zip(header, row):
             css = "num" if name in numeric else ("status-" + str(value) if name == "status" else "")
-            cells.append(f'<td class="{css}">{esc(_fmt(value))}</td>')
+            cells.append(f'<td class="{css}">{esc(_shown(name, value))}</td>')
         body.append(f'<tr data-run="{esc(run.label)}" data-status="{esc(run.status)}">{"".join(cells)}</tr>')
-    figures = "\n".join(
-        f'<figure id="{esc(p.id)}"><img class="plot" alt="{esc(p.title)}" src="data:image/png;base64,{base64.b64encode(p.png).decode()}">'
-        f"<figcaption>{esc(p.caption or p.title)}</figcaption></figure>"
-        for p in plots
-    )
+    figures = "\n".join(_figure_html(p) for p in plots)
     notes_html = "".join(f"<li>{esc(n)}</li>" for n in notes)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{esc(collection.title)}</title><style>{_CSS}</style></head>

@@ -1,5 +1,6 @@
 """Finding runs (a sweep directory, run directories, or folders holding them) and loading each
-one from its own files: ``metrics.jsonl`` + ``summary.json``, or its offline wandb run."""
+one from its own record: ``metrics.jsonl`` (per step) and ``summary.json`` (the run's facts),
+plus ``overrides.yaml`` / ``job.json`` for what was swept and how the job ended."""
 
 from __future__ import annotations
 
@@ -9,9 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from qwen3_trn.records import summarize
-from qwen3_trn.report.wandb_offline import OfflineRun, find_run_files, read_offline_run
 
-SOURCES = ("auto", "metrics", "wandb")
 RUN_FILES = ("config.yaml", "summary.json", "metrics.jsonl", "job.json", "overrides.yaml")
 
 
@@ -32,6 +31,9 @@ class RunData:
     backend: str | None = None
     wandb_run_id: str | None = None
     wandb_group: str | None = None
+    # summary.json's wandb section (project, entity, mode, ...) and the run's local wandb directory
+    wandb: dict[str, Any] = field(default_factory=dict)
+    wandb_dir: str | None = None
     label: str = ""
 
     @property
@@ -75,67 +77,40 @@ def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
-def _records_from_wandb(run: OfflineRun) -> list[dict[str, Any]]:
-    records = []
-    for row in run.history:
-        if "loss" not in row:
-            continue
-        record = {k: v for k, v in row.items() if not k.startswith("_")}
-        record["step"] = int(row.get("_step", len(records) + 1))
-        records.append(record)
-    return records
+# summary.json facts a report shows next to the per-step figures
+SUMMARY_FIELDS = ("wall_time_s", "validation_tokens_sha256", "validation_tokens", "hf_export")
 
 
-def load_run(run_dir: Path, source: str = "auto", job: dict[str, Any] | None = None) -> RunData:
-    """One run, from its metrics files or (``source=wandb``, or when it has no metrics file)
-    from its offline wandb run."""
-    if source not in SOURCES:
-        raise ReportError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
+def load_run(run_dir: Path, job: dict[str, Any] | None = None) -> RunData:
+    """One run, from its metrics.jsonl and summary.json."""
     run_dir = Path(run_dir)
     job = job or _read_json(run_dir / "job.json") or {}
     summary = _read_json(run_dir / "summary.json") or {}
     overrides = _read_overrides(run_dir)
+    wandb = summary.get("wandb") or {}
     run = RunData(
         run_dir=run_dir if run_dir.exists() else None,
         status=job.get("status") or summary.get("status") or "unknown",
         num=job.get("num"),
         backend=summary.get("backend"),
         wandb_run_id=summary.get("wandb_run_id") or job.get("wandb_run_id"),
-        wandb_group=(summary.get("wandb") or {}).get("group"),
+        wandb_group=wandb.get("group"),
+        wandb=wandb,
+        wandb_dir=(summary.get("wandb_run") or {}).get("run_dir"),
     )
     run.overrides = overrides if overrides is not None else list(job.get("overrides", []))
     run.note = job.get("reason") or job.get("error") or ""
-
-    records = _read_metrics(run_dir) if source in ("auto", "metrics") else []
-    if records:
-        run.source = "metrics"
-    elif source in ("auto", "wandb"):
-        files = find_run_files(run_dir)
-        if files:
-            offline = read_offline_run(files[-1])
-            records = _records_from_wandb(offline)
-            run.source = "wandb"
-            run.wandb_run_id, run.wandb_group = offline.id or run.wandb_run_id, offline.group or run.wandb_group
-            cfg_run = offline.config.get("run") or {}
-            run.backend = cfg_run.get("mode") or (offline.config.get("backend") or {}).get("name") or run.backend
-            if overrides is None and cfg_run.get("overrides") is not None:
-                run.overrides = list(cfg_run["overrides"])
-            if run.status == "unknown" or source == "wandb":
-                if offline.exit_code is None:
-                    run.status = "running" if run.status == "unknown" else run.status
-                elif run.status not in ("failed", "skipped"):
-                    run.status = "completed" if offline.exit_code == 0 and records else "failed"
-    run.records = records
-    run.figures = summarize(records) if records else {k: v for k, v in summary.items() if k in ("steps_logged",)}
-    if "wall_time_s" in summary:
-        run.figures["wall_time_s"] = summary["wall_time_s"]
-    if run.status == "unknown" and records:
+    run.records = _read_metrics(run_dir)
+    run.source = "metrics" if run.records else "none"
+    run.figures = summarize(run.records) if run.records else {k: v for k, v in summary.items() if k in ("steps_logged",)}
+    run.figures.update({k: summary[k] for k in SUMMARY_FIELDS if summary.get(k) is not None})
+    if run.status == "unknown" and run.records:
         run.status = "completed"
     return run
 
 
 def _is_run_dir(path: Path) -> bool:
-    return any((path / name).exists() for name in RUN_FILES) or bool(find_run_files(path))
+    return any((path / name).exists() for name in RUN_FILES)
 
 
 def _find_run_dirs(root: Path, depth: int = 3) -> list[Path]:
@@ -159,7 +134,7 @@ class Collection:
     title: str
 
 
-def collect(paths: list[Path], source: str = "auto") -> Collection:
+def collect(paths: list[Path]) -> Collection:
     """Runs from sweep directories (their manifest.json lists every job, failed and skipped
     ones too), run directories, or folders holding either."""
     runs: list[RunData] = []
@@ -181,13 +156,13 @@ def collect(paths: list[Path], source: str = "auto") -> Collection:
                 if not run_dir.is_absolute():
                     run_dir = path / run_dir
                 seen.add(run_dir.resolve())
-                runs.append(load_run(run_dir, source, job))
+                runs.append(load_run(run_dir, job))
             continue
         for run_dir in _find_run_dirs(path):
             if run_dir.resolve() in seen:
                 continue
             seen.add(run_dir.resolve())
-            runs.append(load_run(run_dir, source))
+            runs.append(load_run(run_dir))
     if not runs:
         raise ReportError(
             f"no runs found in {', '.join(map(str, paths))} (a run directory holds summary.json / metrics.jsonl; "

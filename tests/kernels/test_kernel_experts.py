@@ -79,13 +79,14 @@ def one_thread():
 
 
 @pytest.mark.filterwarnings("ignore:In CPU autocast:UserWarning")  # torchtitan's fp32 router autocast
-def test_swapped_moe_layer_matches_torchtitan_end_to_end(one_thread):
+@pytest.mark.parametrize("kernel", ["auto", "grouped_mm", "padded_bmm", "per_expert_mm"])
+def test_swapped_moe_layer_matches_torchtitan_end_to_end(one_thread, kernel):
     """Router, dispatcher, experts and combine of one debugmodel_moe layer, values and grads."""
     layer = model_registry("debugmodel_moe").model.layers[0].moe
     torch.manual_seed(0)
     theirs = layer.build()
     theirs.init_states()
-    ours = use_kernel_experts(model_registry("debugmodel_moe").model, kernel="auto").layers[0].moe.build()
+    ours = use_kernel_experts(model_registry("debugmodel_moe").model, kernel=kernel).layers[0].moe.build()
     ours.load_state_dict(theirs.state_dict())
     x = torch.randn(1, 16, 256)
     results = []

@@ -7,7 +7,14 @@ import sys
 import pytest
 import torch
 
-from qwen3_trn.kernels import KERNELS, KernelRegistry, KernelUnavailableError, OpDeclaration, resolved_kernel_name
+from qwen3_trn.kernels import (
+    KERNELS,
+    KernelRegistry,
+    KernelUnavailableError,
+    OpDeclaration,
+    resolve_op,
+    resolved_kernel_name,
+)
 from qwen3_trn.kernels.moe import moe_problem
 
 
@@ -111,8 +118,8 @@ TOO_NARROW = moe_problem(dim=256, hidden_dim=768, num_experts=64)  # debugmodel_
 
 
 def test_moe_auto_on_cpu_and_cuda_picks_the_fastest_portable_kernel():
-    assert resolved_kernel_name("auto", "cpu") == "per_expert_mm"
-    assert resolved_kernel_name("portable", "cpu") == "per_expert_mm"
+    assert resolved_kernel_name("auto", "cpu") == "padded_bmm"
+    assert resolved_kernel_name("portable", "cpu") == "padded_bmm"
     assert resolved_kernel_name("auto", "cuda") == "grouped_mm"
     assert resolved_kernel_name("grouped_mm", "cpu") == "grouped_mm"
 
@@ -134,7 +141,7 @@ def test_nki_is_never_selected_off_neuron_devices(monkeypatch):
     monkeypatch.setattr(_nki_impl(), "probe", lambda: None)
     with pytest.raises(KernelUnavailableError, match=r"runs on \['neuron'\], not on 'cpu'"):
         resolved_kernel_name("nki", "cpu")
-    assert resolved_kernel_name("auto", "cpu") == "per_expert_mm"
+    assert resolved_kernel_name("auto", "cpu") == "padded_bmm"
 
 
 def test_nki_selected_when_its_imports_succeed(monkeypatch):
@@ -152,3 +159,68 @@ def test_nki_shape_constraints_steer_auto_and_fail_explicit_requests(monkeypatch
     assert resolved_kernel_name("auto", "neuron", **TOO_NARROW) == "grouped_mm"
     with pytest.raises(KernelUnavailableError, match=r"dim=256 must be a multiple of 512"):
         resolved_kernel_name("nki", "neuron", **TOO_NARROW)
+
+
+# ----------------------------------------------------------------------------- adding an operator
+def _half_split_permutation(size: int) -> torch.Tensor:
+    return torch.cat([torch.arange(0, size, 2), torch.arange(1, size, 2)])
+
+
+def _declare_rope_layout_ops(registry: KernelRegistry) -> None:
+    """An operator added the documented way: one declaration per op, one kernel registration.
+
+    ``interleaved_to_half_split`` reorders the last axis from RoPE pairs (x0, x1), (x2, x3), ...
+    to halves (x0, x2, ..., x1, x3, ...); its gradient is the inverse permutation, the paired op.
+    """
+
+    def setup_context(ctx, inputs, output):
+        pass
+
+    def backward(ctx, grad, *, backward_kernel):
+        return backward_kernel(grad)
+
+    for name, inverse in (
+        ("interleaved_to_half_split", "half_split_to_interleaved"),
+        ("half_split_to_interleaved", "interleaved_to_half_split"),
+    ):
+        registry.declare_op(
+            OpDeclaration(
+                name=name,
+                schema="(Tensor x) -> Tensor",
+                fake=torch.empty_like,
+                setup_context=setup_context,
+                backward=backward,
+                backward_op=inverse,
+            )
+        )
+    registry.register_kernel("interleaved_to_half_split", "index_select", devices=("cpu",))(
+        lambda x: x.index_select(-1, _half_split_permutation(x.shape[-1]))
+    )
+    registry.register_kernel("half_split_to_interleaved", "index_select", devices=("cpu",))(
+        lambda x: x.index_select(-1, torch.argsort(_half_split_permutation(x.shape[-1])))
+    )
+
+
+def test_adding_an_operator_is_one_declaration_and_one_registration():
+    registry = KernelRegistry(namespace="qwen3_trn_test_new_op")
+    _declare_rope_layout_ops(registry)
+
+    def to_half_split(x):
+        return resolve_op("interleaved_to_half_split", "auto", x.device.type, registry=registry)(x)
+
+    assert to_half_split(torch.arange(8.0)).tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
+    # autograd comes from the declaration: the gradient is the inverse permutation
+    x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(to_half_split, (x,))
+    op = registry.select_kernel("interleaved_to_half_split", "auto", "cpu").op
+    assert op is torch.ops.qwen3_trn_test_new_op.interleaved_to_half_split__index_select.default
+    torch.library.opcheck(
+        op, (torch.randn(3, 8, requires_grad=True),), test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
+    )
+    # and it compiles as one opaque node, selection resolved at trace time
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: to_half_split(t) * 2, backend="aot_eager", fullgraph=True)
+    y = torch.randn(2, 6, requires_grad=True)
+    compiled(y).sum().backward()
+    torch.testing.assert_close(compiled(y), to_half_split(y) * 2)
+    assert torch.equal(y.grad, torch.full_like(y, 2.0))

@@ -23,8 +23,8 @@ E, F, D = 6, 48, 32
 COUNTS = torch.tensor([5, 0, 9, 3, 0, 7])
 
 
-def test_both_portable_kernels_are_registered():
-    assert PORTABLE == ["grouped_mm", "per_expert_mm"]
+def test_every_portable_kernel_is_registered():
+    assert PORTABLE == ["grouped_mm", "padded_bmm", "per_expert_mm"]
 
 
 def _torchtitan_experts(seed: int = 0) -> GroupedExperts:
@@ -126,11 +126,104 @@ def test_grouped_mm_padding_for_aligned_token_groups_is_exact(monkeypatch):
         torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-2)
 
 
-def test_per_expert_mm_rejects_counts_that_do_not_cover_the_rows():
+@pytest.mark.parametrize("kernel", ["per_expert_mm", "padded_bmm"])
+def test_host_count_kernels_reject_counts_that_do_not_cover_the_rows(kernel):
     x = torch.randn(int(COUNTS.sum()) + 1, D)
     weights = [torch.randn(*shape) for shape in ((E, F, D), (E, D, F), (E, F, D))]
     with pytest.raises(ValueError, match="sums to 24, but x has 25 rows"):
-        moe_swiglu_experts(x, *weights, COUNTS, kernel="per_expert_mm")
+        moe_swiglu_experts(x, *weights, COUNTS, kernel=kernel)
+
+
+def _fp32_inputs(counts, seed=2):
+    generator = torch.Generator().manual_seed(seed)
+    rows = int(counts.sum())
+    x = torch.randn(rows, D, generator=generator).requires_grad_()
+    weights = [(torch.randn(*shape, generator=generator) * 0.2).requires_grad_() for shape in ((E, F, D), (E, D, F), (E, F, D))]
+    return x, weights, torch.randn(rows, D, generator=generator)
+
+
+def _assert_fp32_close(actual, expected):
+    torch.testing.assert_close(actual.double(), expected, rtol=0, atol=2e-5 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("kernel", PORTABLE)
+def test_kernel_experts_in_fp32_compute_in_fp32(kernel):
+    """fp32 parameters and activations: no bf16 round trip, the result is the fp32 math."""
+    module = KernelGroupedExperts.Config(dim=D, hidden_dim=F, num_experts=E, kernel=kernel).build()
+    module.load_state_dict(_torchtitan_experts().state_dict())
+    rows = int(COUNTS.sum())
+    x, grad = torch.randn(rows, D), torch.randn(rows, D)
+    out, grads = _run(module, x, COUNTS, grad)
+    exact_out, exact_grads = _fp64_reference(x, module.w1_EFD, module.w2_EDF, module.w3_EFD, COUNTS, grad)
+    _assert_fp32_close(out, exact_out)
+    for got, exact in zip(grads, exact_grads):
+        assert got.dtype == torch.float32
+        _assert_fp32_close(got, exact)
+
+
+def _padding_cost(counts, capacity):
+    from qwen3_trn.kernels.moe_padded import GROUP_LAUNCH_ROWS
+
+    beyond = [count - capacity for count in counts if count > capacity]
+    return len(counts) * capacity + sum(beyond) + GROUP_LAUNCH_ROWS * len(beyond)
+
+
+def test_padded_capacity_minimises_padding_plus_per_expert_launches():
+    from qwen3_trn.kernels.moe_padded import padded_capacity
+
+    generator = torch.Generator().manual_seed(0)
+    choices = torch.tensor([0, 1, 2, 5, 40, 64, 80, 100, 500])
+    for _ in range(200):
+        size = int(torch.randint(1, 12, (1,), generator=generator))
+        counts = choices[torch.randint(len(choices), (size,), generator=generator)].tolist()
+        best = min(_padding_cost(counts, c) for c in range(max(counts) + 1))
+        assert _padding_cost(counts, padded_capacity(counts)) == best, counts
+    assert padded_capacity([64] * 64) == 64  # balanced: everything padded, nothing per expert
+    assert padded_capacity([512] * 8 + [0] * 56) == 0  # collapsed: only per-expert matmuls
+
+
+@pytest.mark.parametrize("counts", [[3, 0, 40, 2, 0, 5], [4, 4, 4, 4, 4, 4], [0, 0, 24, 0, 0, 0], [6, 0, 9, 1, 0, 30]])
+def test_padded_bmm_is_exact_with_and_without_rows_beyond_capacity(counts):
+    from qwen3_trn.kernels.moe_padded import PaddedExpertRows
+
+    counts = torch.tensor(counts)
+    layout = PaddedExpertRows.of(counts, int(counts.sum()))
+    starts = (torch.cumsum(counts, 0) - counts).tolist()
+    assert layout.overflow == tuple(
+        (e, starts[e] + layout.capacity, starts[e] + n) for e, n in enumerate(counts.tolist()) if n > layout.capacity
+    )
+    x, weights, grad = _fp32_inputs(counts)
+    out = moe_swiglu_experts(x, *weights, counts, kernel="padded_bmm")
+    out.backward(grad)
+    exact_out, exact_grads = _fp64_reference(x, *weights, counts, grad)
+    _assert_fp32_close(out, exact_out)
+    for got, exact in zip([x.grad] + [w.grad for w in weights], exact_grads):
+        _assert_fp32_close(got, exact)
+    empty = (counts == 0).nonzero().flatten()
+    for weight in weights:
+        assert torch.count_nonzero(weight.grad[empty]) == 0
+
+
+@pytest.mark.parametrize("kernel", ["per_expert_mm", "padded_bmm"])
+def test_emulated_bf16_matmuls_run_once_in_fp32_and_round_at_the_end(kernel, monkeypatch):
+    """On CPUs without native bf16 matmul the inputs are upcast once: the result is exactly
+    the fp32 kernel's, rounded to bf16."""
+    x, weights, grad = _fp32_inputs(COUNTS)
+    x16, w16, grad16 = x.detach().bfloat16(), [w.detach().bfloat16() for w in weights], grad.bfloat16()
+    forward = KERNELS.op_overload("moe_swiglu_experts", kernel)
+    backward = KERNELS.op_overload("moe_swiglu_experts_backward", kernel)
+    as_fp32 = [t.float() for t in (x16, *w16)]
+    want = forward(*as_fp32, COUNTS)
+    out16, gate16, up16 = (t.bfloat16() for t in want)  # what the bf16 forward saves
+    want_grads = backward(grad16.float(), *as_fp32, COUNTS, gate16.float(), up16.float(), out16.float())
+
+    monkeypatch.setattr(moe_module, "matmul_dtype", lambda t: torch.float32)
+    got = forward(x16, *w16, COUNTS)
+    got_grads = backward(grad16, x16, *w16, COUNTS, gate16, up16, out16)
+    for a, b in zip(got, want):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b.bfloat16())
+    for a, b in zip(got_grads, want_grads):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b.bfloat16())
 
 
 def test_wrapper_rejects_mismatched_shapes_and_dtypes():

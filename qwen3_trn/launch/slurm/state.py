@@ -54,8 +54,9 @@ def _job(slurm: dict[str, Any]):
 
 
 def job_state(slurm: dict[str, Any]) -> str:
-    """Slurm's state of the run's job ("UNKNOWN" until the accounting knows it)."""
-    return _job(slurm).get_info(mode="force").get("State") or "UNKNOWN"
+    """Slurm's state of the run's job ("UNKNOWN" until the accounting knows it); the first word
+    only (sacct says "CANCELLED by <uid>")."""
+    return (_job(slurm).get_info(mode="force").get("State") or "UNKNOWN").split()[0]
 
 
 def job_error(slurm: dict[str, Any]) -> str | None:

@@ -1,0 +1,48 @@
+"""Build the exact Trainer.Config ``python -m qwen3_trn`` would train with, inside this process.
+
+Shared by the benchmark scripts that drive torchtitan's Trainer directly (titan_direct.py,
+moe_profile.py): Hydra composition of ``conf/``, the project's validation into a ``RunConfig``,
+device activation and ``to_trainer_config``, for a single rank.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from hydra import compose, initialize_config_dir
+from torchtitan.trainer import Trainer
+
+from qwen3_trn.app import to_run_config
+from qwen3_trn.config import register_schema
+from qwen3_trn.config.schema import RunConfig
+from qwen3_trn.convert import compute_dtype, to_trainer_config
+from qwen3_trn.devices import resolve_device
+from qwen3_trn.layout import resolve_layout
+
+__all__ = ["REPO", "single_rank_trainer_config"]
+
+
+def single_rank_trainer_config(overrides: list[str], out_dir: str) -> tuple[RunConfig, Trainer.Config]:
+    """The run's ``RunConfig`` and torchtitan ``Trainer.Config`` for one rank on this machine."""
+    register_schema()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = to_run_config(compose("config", overrides=[*overrides, f"output_dir={out_dir}"]))
+    device = resolve_device(cfg.device.type)
+    device.activate(compute_dtype(cfg, device))
+    config = to_trainer_config(cfg, device, resolve_layout(cfg.parallelism, 1, 1))
+    os.environ.update(
+        {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": os.environ.get("MASTER_PORT", "29531"),
+        }
+    )
+    return cfg, config

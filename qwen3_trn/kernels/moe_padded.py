@@ -1,0 +1,152 @@
+"""``padded_bmm``: the expert MLP as three batched matmuls over a per-expert padded layout.
+
+Rows sorted by expert are copied into ``[E, C, D]``, expert e's first ``C`` rows at ``[e, :n_e]``
+and zeros after, so each projection is one ``torch.bmm`` against the weights as they are
+(``[E, F, D]``, no weight copy) and each weight gradient one ``bmm`` over the rows. Zero padding
+rows contribute nothing: values and gradients are those of the unpadded math, and experts
+without rows get zero weight gradients.
+
+Why: on CPUs the per-expert loop launches ~9 small matmuls per expert per step (576 for 64
+experts), each its own parallel region; on two cores shared with other work every region waits
+for a descheduled thread, and that, not the FLOPs, set the layer's time
+(``benchmarks/moe_kernels.py``). A handful of batched calls does the same work in one region
+each.
+
+The capacity ``C`` is chosen per call from the counts: rows of an expert beyond ``C`` are computed
+by per-expert matmuls on their row slices, so ``C`` trades padded rows (``E * C``, computed on
+zeros) against per-expert launches (each worth ``GROUP_LAUNCH_ROWS`` rows of compute, a
+measured-order-of-magnitude figure). Balanced routing gets ``C`` near the largest group and no
+per-expert work; collapsed routing (a few experts holding most rows, as early training here
+does) gets a small ``C`` and large, efficient matmuls for the few full experts. Reads the counts
+on the host once per call (free on CPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .moe import (
+    MOE_SWIGLU_EXPERTS,
+    MOE_SWIGLU_EXPERTS_BACKWARD,
+    in_matmul_dtype,
+    swiglu,
+    swiglu_backward,
+)
+from .registry import register_kernel
+
+__all__ = ["GROUP_LAUNCH_ROWS", "PaddedExpertRows", "padded_capacity"]
+
+# The cost of one expert's per-expert matmuls beyond their FLOPs, in rows of compute.
+GROUP_LAUNCH_ROWS = 64
+
+
+def padded_capacity(counts: list[int]) -> int:
+    """The ``C`` minimising ``E * C + sum(max(n_e - C, 0)) + GROUP_LAUNCH_ROWS * #{e: n_e > C}``.
+
+    The minimum lies at one of the counts or at 0; with the counts sorted descending, the experts
+    above the candidate ``d[k]`` (the first of its ties) are exactly the first ``k``.
+    """
+    experts = len(counts)
+    descending = sorted(counts, reverse=True) + [0]
+    best, best_cost, above = 0, float("inf"), 0  # above: sum of the first k counts
+    for k, candidate in enumerate(descending):
+        if k == 0 or descending[k - 1] != candidate:
+            cost = experts * candidate + (above - k * candidate) + GROUP_LAUNCH_ROWS * k
+            if cost < best_cost:
+                best, best_cost = candidate, cost
+        above += candidate
+    return best
+
+
+@dataclass(frozen=True)
+class PaddedExpertRows:
+    """Where each row sorted by expert sits in the ``[E, C]`` padded layout."""
+
+    num_experts: int
+    capacity: int
+    num_rows: int
+    # Padded position (e * C + i) of every row within capacity, and which rows those are
+    # (None: all rows, in order).
+    position: torch.Tensor
+    rows_in_capacity: torch.Tensor | None
+    # (expert, start, end) row slices beyond capacity.
+    overflow: tuple[tuple[int, int, int], ...]
+
+    @classmethod
+    def of(cls, num_tokens_per_expert: torch.Tensor, num_rows: int) -> PaddedExpertRows:
+        counts = num_tokens_per_expert.tolist()
+        if sum(counts) != num_rows:
+            raise ValueError(f"num_tokens_per_expert sums to {sum(counts)}, but x has {num_rows} rows")
+        experts = len(counts)
+        capacity = padded_capacity(counts)
+        device = num_tokens_per_expert.device
+        counts_t = num_tokens_per_expert.to(torch.int64)
+        expert_of_row = torch.repeat_interleave(torch.arange(experts, device=device), counts_t, output_size=num_rows)
+        row_start = torch.cumsum(counts_t, dim=0) - counts_t
+        index_in_expert = torch.arange(num_rows, device=device) - row_start[expert_of_row]
+        position = expert_of_row * capacity + index_in_expert
+        overflow, rows_in_capacity, start = [], None, 0
+        for expert, count in enumerate(counts):
+            if count > capacity:
+                overflow.append((expert, start + capacity, start + count))
+            start += count
+        if overflow:
+            keep = index_in_expert < capacity
+            rows_in_capacity = torch.arange(num_rows, device=device)[keep]
+            position = position[keep]
+        return cls(experts, capacity, num_rows, position, rows_in_capacity, tuple(overflow))
+
+    def scatter(self, rows: torch.Tensor) -> torch.Tensor:
+        """``[R, K]`` -> ``[E, C, K]`` with zeros in padding slots."""
+        if self.rows_in_capacity is not None:
+            rows = rows.index_select(0, self.rows_in_capacity)
+        padded = rows.new_zeros(self.num_experts * self.capacity, rows.shape[1])
+        return padded.index_copy_(0, self.position, rows).view(self.num_experts, self.capacity, rows.shape[1])
+
+    def gather(self, padded: torch.Tensor) -> torch.Tensor:
+        """``[E, C, K]`` -> ``[R, K]``; rows beyond capacity are left for the caller to fill."""
+        flat = padded.flatten(0, 1)
+        if self.rows_in_capacity is None:
+            return flat.index_select(0, self.position)
+        rows = flat.new_empty(self.num_rows, flat.shape[1])
+        return rows.index_copy_(0, self.rows_in_capacity, flat.index_select(0, self.position))
+
+
+@register_kernel(MOE_SWIGLU_EXPERTS.name, "padded_bmm", devices=("cpu", "cuda"), priority={"cpu": 30, "*": 1})
+@in_matmul_dtype
+def _padded_forward(x, w1, w2, w3, num_tokens_per_expert):
+    layout = PaddedExpertRows.of(num_tokens_per_expert, x.shape[0])
+    x_p = layout.scatter(x)
+    gate_p = torch.bmm(x_p, w1.transpose(1, 2))
+    up_p = torch.bmm(x_p, w3.transpose(1, 2))
+    out_p = torch.bmm(swiglu(gate_p, up_p), w2.transpose(1, 2))
+    out, gate, up = layout.gather(out_p), layout.gather(gate_p), layout.gather(up_p)
+    for expert, start, end in layout.overflow:
+        rows = slice(start, end)
+        torch.mm(x[rows], w1[expert].t(), out=gate[rows])
+        torch.mm(x[rows], w3[expert].t(), out=up[rows])
+        torch.mm(swiglu(gate[rows], up[rows]), w2[expert].t(), out=out[rows])
+    return out, gate, up
+
+
+@register_kernel(MOE_SWIGLU_EXPERTS_BACKWARD.name, "padded_bmm", devices=("cpu", "cuda"), priority={"cpu": 30, "*": 1})
+@in_matmul_dtype
+def _padded_backward(grad_out, x, w1, w2, w3, num_tokens_per_expert, gate, up, out):
+    layout = PaddedExpertRows.of(num_tokens_per_expert, x.shape[0])
+    grad_out_p = layout.scatter(grad_out)
+    h_p, grad_gate_p, grad_up_p = swiglu_backward(torch.bmm(grad_out_p, w2), layout.scatter(gate), layout.scatter(up))
+    grad_x = layout.gather(torch.bmm(grad_gate_p, w1).baddbmm_(grad_up_p, w3))
+    x_p = layout.scatter(x)
+    grad_w1 = torch.bmm(grad_gate_p.transpose(1, 2), x_p)
+    grad_w3 = torch.bmm(grad_up_p.transpose(1, 2), x_p)
+    grad_w2 = torch.bmm(grad_out_p.transpose(1, 2), h_p)
+    for expert, start, end in layout.overflow:
+        rows = slice(start, end)
+        h, grad_gate, grad_up = swiglu_backward(grad_out[rows] @ w2[expert], gate[rows], up[rows])
+        torch.mm(grad_gate, w1[expert], out=grad_x[rows]).addmm_(grad_up, w3[expert])
+        grad_w1[expert].addmm_(grad_gate.t(), x[rows])
+        grad_w3[expert].addmm_(grad_up.t(), x[rows])
+        grad_w2[expert].addmm_(grad_out[rows].t(), h)
+    return grad_x, grad_w1, grad_w2, grad_w3

@@ -1,0 +1,350 @@
+"""Does a run's Hugging Face export compute what torchtitan trained?
+
+``python -m qwen3_trn.verify <run dir> [--export DIR] [--atol 1e-4] [--moe-rtol 0.01]``
+
+1. loads the export folder (``<run dir>/hf/step-N`` by default, the last one) exactly as a user
+   does: ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained``, in a
+   fresh interpreter, and runs ``generate`` on a prompt;
+2. builds the run's own torchtitan trainer (same mode, model and config, one CPU process) and
+   loads the run's DCP checkpoint of the same step (so the run needs ``checkpoint.enable=true``
+   as well as ``checkpoint=hf_export``);
+3. compares the logits of both models on the same tokens: dense models must agree within
+   ``--atol`` (largest absolute difference). For MoE models torchtitan computes experts in
+   bf16, and routes with its load-balancing ``expert_bias``, which HF Qwen3-MoE has no slot for
+   and the export leaves out: the torchtitan model with that bias set to zero (the model the
+   export can express) must agree within ``--moe-rtol`` of relative difference; the difference
+   to the model as trained (bias included) is reported next to it.
+
+Prints the report (and writes it to ``<export folder>.verify.json``); exits 1 on a failure,
+2 on a configuration error. The helpers here (one CPU rank, loading a config into torchtitan,
+logits from either side) are shared with ``qwen3_trn.roundtrip``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qwen3_trn.config.schema import CompileBackend, DeviceType, LocalLauncherConfig, Mode, ParamDType
+from qwen3_trn.errors import ConfigError
+from qwen3_trn.hf.export import latest_hf_export
+from qwen3_trn.preflight import prepare
+from qwen3_trn.records import CONFIG_FILE, load_run_config
+from qwen3_trn.worker import build_trainer
+
+PROMPT = "def sorted(iterable):"
+MOE_ARCHITECTURE = "Qwen3MoeForCausalLM"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def single_rank() -> Iterator[None]:
+    """This process as rank 0 of a world of 1 (environment restored and process group
+    destroyed afterwards)."""
+    env = {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def load_into_titan(cfg) -> Any:
+    """The trainer for ``cfg`` (any backend) with its initial checkpoint loaded, no training.
+    Call inside ``single_rank()``; close the trainer when done."""
+    prepared = prepare(cfg)  # every preflight check, including checkpoint checks
+    prepared.trainer_config.metrics.console_progress = False
+    trainer = build_trainer(cfg, prepared.device, prepared.layout, prepared.trainer_config)
+    if not trainer.checkpointer.load(step=-1):
+        raise RuntimeError(f"torchtitan loaded no checkpoint from {prepared.trainer_config.checkpoint.initial_load_path}")
+    return trainer
+
+
+def titan_logits(trainer, tokens: torch.Tensor) -> torch.Tensor:
+    """Full logits of the trainer's model (its lm_head included) for ``tokens``."""
+    model = trainer.model_parts[0]
+    skip = getattr(model, "_skip_lm_head", False)
+    model._skip_lm_head = False
+    try:
+        with torch.no_grad():
+            return model(tokens).float()
+    finally:
+        model._skip_lm_head = skip
+
+
+@torch.no_grad()
+def zero_expert_bias(model: torch.nn.Module) -> float:
+    """Set torchtitan's MoE load-balancing biases to zero; returns their largest magnitude."""
+    largest = 0.0
+    for name, buffer in model.named_buffers():
+        if name.rsplit(".", 1)[-1].startswith("expert_bias"):
+            local = buffer.to_local() if hasattr(buffer, "to_local") else buffer
+            largest = max(largest, local.abs().max().item() if local.numel() else 0.0)
+            local.zero_()
+    return largest
+
+
+def hf_model(folder: Path, reference: bool = True, **kwargs):
+    """``AutoModelForCausalLM.from_pretrained(folder)`` in fp32 (``reference``: SDPA attention and
+    the eager experts loop, the plain reference math on any device)."""
+    from transformers import AutoModelForCausalLM
+
+    extra: dict[str, Any] = {}
+    if reference:
+        extra["attn_implementation"] = "sdpa"
+        config = json.loads((folder / "config.json").read_text())
+        if config.get("architectures", [""])[0] == MOE_ARCHITECTURE:
+            extra["experts_implementation"] = "eager"
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, **extra, **kwargs)
+
+
+def loading_info(info: dict[str, Any]) -> dict[str, list[str]]:
+    return {k: [str(x[0] if isinstance(x, tuple) else x) for x in v] for k, v in info.items() if isinstance(v, (list, set))}
+
+
+def in_clean_process(fn, *args):
+    """``fn(*args)`` in a spawned interpreter. Building torchtitan's ``HFTransformerModel``
+    monkeypatches transformers for the rest of the process (``PreTrainedModel._init_weights`` /
+    ``_initialize_weights`` and the decoder layer's ``__init__``; the patched init skips
+    meta-device modules, so ``from_pretrained`` afterwards leaves rotary ``inv_freq`` buffers
+    uninitialised). Reference models must come from unpatched transformers."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+# --------------------------------------------------------------------------------------------
+# Verifying a run's export
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class LogitCheck:
+    """The tolerances of a logit comparison and what failed (shared with the round trip's report)."""
+
+    atol: float = 1e-4
+    moe_rtol: float = 0.01
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+@dataclass(kw_only=True)
+class ExportReport(LogitCheck):
+    run_dir: str
+    export: str
+    step: int
+    architecture: str = ""
+    model_class: str = ""
+    tokenizer_class: str = ""
+    loading: dict[str, list[str]] = field(default_factory=dict)
+    prompt: str = PROMPT
+    generated: str = ""
+    generated_tokens: int = 0
+    max_logit_diff: float = float("nan")
+    rel_logit_diff: float = float("nan")
+    # MoE: torchtitan's model as trained, load-balancing bias included (not part of the check)
+    rel_logit_diff_as_trained: float = float("nan")
+    max_expert_bias: float = float("nan")
+
+    def render(self) -> str:
+        lines = [
+            f"export        {self.export} (step {self.step}, {self.architecture})",
+            (
+                f"loaded as     {self.model_class} + {self.tokenizer_class}; missing {self.loading.get('missing_keys', [])}, "
+                f"unexpected {self.loading.get('unexpected_keys', [])}, mismatched {self.loading.get('mismatched_keys', [])}"
+            ),
+            f"generate      {self.prompt!r} -> {self.generated!r} ({self.generated_tokens} new tokens)",
+            f"logits        HF vs torchtitan: max |diff| {self.max_logit_diff:.3g}, relative {self.rel_logit_diff:.3g} "
+            + (
+                f"(MoE, load-balancing bias left out; tolerance: relative {self.moe_rtol:g})"
+                if self.architecture == MOE_ARCHITECTURE
+                else f"(tolerance: {self.atol:g})"
+            ),
+        ]
+        if self.architecture == MOE_ARCHITECTURE:
+            lines.append(
+                f"as trained    relative {self.rel_logit_diff_as_trained:.3g} with torchtitan's expert_bias "
+                f"(max |bias| {self.max_expert_bias:.3g}), which HF Qwen3-MoE cannot hold"
+            )
+        return "\n".join(lines + ([f"FAIL: {f}" for f in self.failures] or ["OK"]))
+
+
+def _export_side(folder: str, tokens: torch.Tensor, prompt: str, new_tokens: int) -> dict[str, Any]:
+    """What a user gets from the folder: the model and tokenizer as transformers loads them,
+    ``generate`` on a prompt, and the logits for ``tokens``."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, info = AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    inputs = tokenizer(prompt, return_tensors="pt")
+    with torch.no_grad():
+        generated = model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+    new = generated[0, inputs["input_ids"].shape[1] :]
+    reference = hf_model(Path(folder))
+    with torch.no_grad():
+        logits = reference(tokens).logits.float()
+    return {
+        "model_class": type(model).__name__,
+        "tokenizer_class": type(tokenizer).__name__,
+        "loading": loading_info(info),
+        "generated": tokenizer.decode(new),
+        "generated_tokens": int(new.numel()),
+        "logits": logits,
+    }
+
+
+def _titan_config(run_dir: Path, step: int, scratch: Path):
+    cfg = load_run_config(run_dir / CONFIG_FILE)
+    checkpoint = run_dir / cfg.checkpoint.folder / f"step-{step}"
+    if not (checkpoint / ".metadata").is_file():
+        raise ConfigError(
+            "checkpoint.enable",
+            f"{checkpoint} holds no DCP checkpoint, which the comparison loads into torchtitan; train with "
+            "checkpoint=hf_export checkpoint.enable=true (DCP checkpoints are saved at the last step too).",
+        )
+    cfg.output_dir = str(scratch)
+    cfg.mode = Mode.train
+    cfg.device.type = DeviceType.cpu
+    cfg.launcher = LocalLauncherConfig()
+    cfg.checkpoint.resume_from = str(checkpoint)
+    cfg.checkpoint.enable = False
+    cfg.checkpoint.hf_export = False
+    cfg.validation.enable = False
+    cfg.logger.backends = []
+    cfg.training.mixed_precision_param = ParamDType.float32
+    cfg.compile.backend = CompileBackend.off
+    return cfg
+
+
+def _relative(logits: torch.Tensor, reference: torch.Tensor) -> float:
+    return ((logits - reference).norm() / reference.norm()).item()
+
+
+def verify_export(
+    run_dir: str | Path,
+    export: str | Path | None = None,
+    atol: float = 1e-4,
+    moe_rtol: float = 0.01,
+    seq_len: int = 64,
+    new_tokens: int = 8,
+) -> ExportReport:
+    run = Path(run_dir).expanduser().resolve()
+    if not (run / "config.yaml").is_file():
+        raise ConfigError("run_dir", f"'{run_dir}' holds no config.yaml; pass a run directory written by python -m qwen3_trn.")
+    folder = (
+        Path(export).expanduser().resolve()
+        if export
+        else latest_hf_export(run / load_run_config(str(run / "config.yaml")).checkpoint.hf_folder)
+    )
+    if folder is None or not (folder / "config.json").is_file():
+        raise ConfigError("--export", f"no Hugging Face export found in {run}; train with checkpoint=hf_export, or pass --export DIR.")
+    step = int(folder.name.removeprefix("step-")) if folder.name.removeprefix("step-").isdigit() else -1
+    config = json.loads((folder / "config.json").read_text())
+    report = ExportReport(
+        run_dir=str(run), export=str(folder), step=step, architecture=config["architectures"][0], atol=atol, moe_rtol=moe_rtol
+    )
+    length = min(seq_len, int(config.get("max_position_embeddings") or seq_len))
+    tokens = torch.randint(0, int(config["vocab_size"]), (2, length), generator=torch.Generator().manual_seed(0))
+
+    hf = in_clean_process(_export_side, str(folder), tokens, PROMPT, new_tokens)
+    report.model_class, report.tokenizer_class = hf["model_class"], hf["tokenizer_class"]
+    report.loading, report.generated, report.generated_tokens = hf["loading"], hf["generated"], hf["generated_tokens"]
+
+    with tempfile.TemporaryDirectory(prefix="qwen3_trn_verify_") as scratch, single_rank():
+        trainer = load_into_titan(_titan_config(run, step, Path(scratch)))
+        try:
+            titan = titan_logits(trainer, tokens)
+            if report.architecture == MOE_ARCHITECTURE:
+                report.rel_logit_diff_as_trained = _relative(titan, hf["logits"])
+                report.max_expert_bias = zero_expert_bias(trainer.model_parts[0])
+                titan = titan_logits(trainer, tokens)
+        finally:
+            trainer.close()
+    report.max_logit_diff = (titan - hf["logits"]).abs().max().item()
+    report.rel_logit_diff = _relative(titan, hf["logits"])
+
+    if report.model_class != report.architecture:
+        report.failures.append(f"transformers built {report.model_class}, config.json names {report.architecture}")
+    problems = {k: v for k, v in report.loading.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+    if problems:
+        report.failures.append(f"transformers did not load the export cleanly: {problems}")
+    if report.generated_tokens != new_tokens:
+        report.failures.append(f"generate produced {report.generated_tokens} new tokens, not {new_tokens}")
+    if report.architecture == MOE_ARCHITECTURE:
+        if not report.rel_logit_diff <= moe_rtol:
+            report.failures.append(f"logits differ by {report.rel_logit_diff:.3g} (relative) > {moe_rtol:g}")
+    elif not report.max_logit_diff <= atol:
+        report.failures.append(f"logits differ by up to {report.max_logit_diff:.3g} > {atol:g}")
+    folder.with_name(folder.name + ".verify.json").write_text(json.dumps({**asdict(report), "ok": report.ok}, indent=2) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m qwen3_trn.verify", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", help="a run directory trained with checkpoint=hf_export checkpoint.enable=true")
+    parser.add_argument("--export", default=None, help="the export folder (default: the run's last <hf_folder>/step-N)")
+    parser.add_argument("--atol", type=float, default=1e-4, help="dense models: max absolute logit difference accepted")
+    parser.add_argument(
+        "--moe-rtol", type=float, default=0.01, help="MoE models: relative logit difference accepted (load-balancing bias left out)"
+    )
+    parser.add_argument("--verbose", action="store_true", help="show torchtitan's log")
+    args = parser.parse_args(argv)
+    run_check(lambda: verify_export(args.run_dir, args.export, args.atol, args.moe_rtol), args.verbose)
+
+
+def run_check(check, verbose: bool) -> None:
+    """A command's end: run ``check`` (quietly unless ``verbose``), print its report, exit 0 when
+    it passed, 1 when not, 2 on a ConfigError."""
+    if not verbose:
+        logging.getLogger().setLevel(logging.WARNING)
+        for name in ("torchtitan", "root"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        report = check()
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    print(report.render())
+    sys.exit(0 if report.ok else 1)
+
+
+if __name__ == "__main__":
+    main()

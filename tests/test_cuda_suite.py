@@ -1,0 +1,57 @@
+"""benchmarks/cuda_suite.py: the GPU cases are real CLI runs that this config accepts (no GPU needed)."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+
+SUITE = [sys.executable, str(REPO / "benchmarks" / "cuda_suite.py")]
+
+
+def _suite(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([*SUITE, *args], check=False, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def test_dry_run_prints_one_cli_command_per_case_with_the_gpu_settings(tmp_path):
+    result = _suite("--dry-run", "--out", str(tmp_path), "training.steps=50", timeout=60)
+    assert result.returncode == 0, result.stderr
+    commands = {line.split(": ", 1)[0]: shlex.split(line.split(": ", 1)[1]) for line in result.stdout.splitlines()}
+    assert list(commands) == ["native-0.6B", "native-1.7B", "hf_v5-0.6B", "hf_v5-1.7B", "moe-30B-A3B-4L"]
+    for name, argv in commands.items():
+        assert argv[1:3] == ["-m", "qwen3_trn"], name
+        for setting in (
+            "device=cuda",
+            "parallelism=fsdp",
+            "launcher.nproc_per_node=1",
+            "compile=inductor",
+            "model.attention=flex",
+            "training.mixed_precision_param=bfloat16",
+            "training.steps=50",
+        ):
+            assert setting in argv, (name, setting)
+        assert argv[-1] == f"hydra.run.dir={tmp_path / name}"
+    assert {"backend=nki_moe", "model=30B-A3B", "model.n_layers=4", "backend.kernels=grouped_mm"} <= set(commands["moe-30B-A3B-4L"])
+    assert {"backend=hf_v5", "model=1.7B"} <= set(commands["hf_v5-1.7B"])
+
+
+def test_without_a_gpu_the_suite_refuses_to_run_and_says_what_to_do():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    result = _suite("--cases", "native-0.6B", timeout=120)
+    assert result.returncode != 0 and "no CUDA GPU here" in result.stderr and "--dry-run" in result.stderr
+
+
+@pytest.mark.slow
+def test_every_case_passes_the_projects_validation_as_a_cuda_plan(tmp_path):
+    result = _suite("--plan", "--out", str(tmp_path), timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name in ("native-0.6B", "native-1.7B", "hf_v5-0.6B", "hf_v5-1.7B", "moe-30B-A3B-4L"):
+        plan = (tmp_path / name / "plan.txt").read_text()
+        assert "compile:\n  backend: inductor" in plan and "attention: flex" in plan, name
+    assert "kernels: grouped_mm" in (tmp_path / "moe-30B-A3B-4L" / "plan.txt").read_text()

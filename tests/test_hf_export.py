@@ -1,0 +1,117 @@
+"""checkpoint=hf_export from every mode: a few real training steps, then the folder is loaded as a
+user loads it (AutoModelForCausalLM / AutoTokenizer.from_pretrained, generate) and its logits are
+compared with torchtitan's own model loaded from the run's DCP checkpoint of the same step.
+
+Tolerances (qwen3_trn.verify): dense models, largest absolute logit difference <= 1e-4 (fp32
+on both sides; measured 0 here). MoE models, relative difference <= 1e-2 against torchtitan's
+model with its load-balancing expert_bias left out (torchtitan runs experts in bf16; measured
+6e-4 to 1e-3); the export cannot hold that bias, and the difference to the model as trained is
+reported beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from qwen3_trn.app import execute
+from qwen3_trn.errors import ConfigError
+from qwen3_trn.hf.checkpoint import checkpoint_shapes, expected_shapes, read_config
+from qwen3_trn.verify import verify_export
+from tests.conftest import REPO, assert_trained, compose_config, read_summary, run_cli
+
+pytestmark = pytest.mark.slow
+
+STEPS = 3
+TINY = [f"training.steps={STEPS}", "training.seq_len=64", "optimizer.warmup_steps=1", "logger=none", "validation=off"]
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+MODES = [
+    # (overrides, architecture, tied embeddings)
+    (["backend=native", "model=tiny", "checkpoint.hf_interval=2"], "Qwen3ForCausalLM", True),
+    (["backend=native", "model=tiny_moe"], "Qwen3MoeForCausalLM", False),
+    (["backend=nki_moe"], "Qwen3MoeForCausalLM", False),
+    (["backend=hf_v5", "model=tiny"], "Qwen3ForCausalLM", True),
+]
+
+
+@pytest.mark.parametrize("overrides,architecture,tied", MODES, ids=["native-dense", "native-moe", "nki_moe", "hf_v5-dense"])
+def test_hf_export_loads_generates_and_matches_torchtitan(overrides, architecture, tied, tmp_path):
+    run_dir = tmp_path / "run"
+    # DCP checkpoints too (checkpoint.enable): the comparison loads the trained model into torchtitan
+    result = run_cli([*overrides, "checkpoint=hf_export", "checkpoint.enable=true", *TINY], run_dir, env=OFFLINE)
+    assert_trained(result, run_dir, steps=STEPS)
+    export = run_dir / "hf" / f"step-{STEPS}"
+    summary = read_summary(run_dir)
+    assert summary["hf_export"] == str(export) and f"Hugging Face model: {export}" in result.stdout
+
+    # a complete folder, written whole (no staging folder or per-rank shards left behind)
+    names = {p.name for p in export.iterdir()}
+    assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"} <= names
+    assert any(name.endswith(".safetensors") for name in names) and "sharded" not in names
+    assert not list(export.parent.glob(".*"))
+    config = read_config(export)
+    assert config["architectures"] == [architecture] and config["dtype"] == "float32"
+    assert config["tie_word_embeddings"] is tied
+    assert config["num_hidden_layers"] == summary["architecture"]["n_layers"] and config["hidden_size"] == summary["architecture"]["dim"]
+    generation = json.loads((export / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == config["eos_token_id"] is not None
+
+    # exactly the tensors transformers' model has, in its layout (a tied lm_head is not stored)
+    stored = checkpoint_shapes(export)
+    assert {key: shape for key, (shape, _) in stored.items()} == expected_shapes(config)
+    assert {dtype for _, dtype in stored.values()} == {"F32"}
+    assert ("lm_head.weight" in stored) is not tied
+
+    report = verify_export(run_dir)
+    print(report.render())
+    assert report.ok, report.render()
+    assert report.model_class == architecture and report.tokenizer_class
+    assert report.loading["missing_keys"] == [] and report.loading["unexpected_keys"] == []
+    assert report.generated_tokens == 8
+    if architecture == "Qwen3MoeForCausalLM":
+        assert report.rel_logit_diff <= 1e-2
+        assert report.max_expert_bias > 0  # torchtitan's load balancing moved it; the export leaves it out
+    else:
+        assert report.max_logit_diff <= 1e-4
+
+    if "checkpoint.hf_interval=2" in overrides:  # also exported at step 2, a folder of its own
+        assert read_config(run_dir / "hf" / "step-2")["architectures"] == [architecture]
+        assert sorted(p.name for p in (run_dir / "hf").iterdir() if p.is_dir()) == ["step-2", f"step-{STEPS}"]
+
+
+def test_bfloat16_export_without_checkpoints(tmp_path):
+    """checkpoint=hf_export alone writes no DCP checkpoint; export_dtype sets the stored dtype."""
+    run_dir = tmp_path / "run"
+    result = run_cli(["checkpoint=hf_export", "checkpoint.export_dtype=bfloat16", *TINY], run_dir, env=OFFLINE)
+    assert_trained(result, run_dir, steps=STEPS)
+    export = run_dir / "hf" / f"step-{STEPS}"
+    assert not (run_dir / "checkpoint").exists()
+    assert read_config(export)["dtype"] == "bfloat16"
+    assert {dtype for _, dtype in checkpoint_shapes(export).values()} == {"BF16"}
+    with pytest.raises(ConfigError, match="holds no DCP checkpoint"):
+        verify_export(run_dir)
+
+
+def test_export_keys_are_refused_before_any_worker(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        execute(compose_config(["checkpoint=hf_export", "checkpoint.hf_interval=-1"], tmp_path / "run"))
+    assert info.value.key == "checkpoint.hf_interval"
+    # a dtype is a choice of the schema: refused as the config is composed
+    with pytest.raises(ConfigCompositionException) as composed:
+        compose_config(["checkpoint=hf_export", "checkpoint.export_dtype=float8"], tmp_path / "run")
+    assert "checkpoint.export_dtype" in str(composed.value.__cause__) and "float32, bfloat16" in str(composed.value.__cause__)
+    assert not (tmp_path / "run").exists()
+
+
+def test_verify_command_line(tmp_path):
+    """python -m qwen3_trn.verify on a run without an export: a clear error, exit 2."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(f"output_dir: {run_dir}\nmodel:\n  flavor: debugmodel\n")  # a run that was never trained
+    done = subprocess.run([sys.executable, "-m", "qwen3_trn.verify", str(run_dir)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "no Hugging Face export found" in done.stderr
