@@ -29,7 +29,6 @@ from tests.conftest import compose_config, run_cli
         (["compile=neuron"], "compile.backend", "compile=inductor"),
         (["validation.interval=0"], "validation.interval", "validation=off"),
         (["data=files", "data.path=qwen3_trn/data/assets/corpus.jsonl.gz", "data.val_fraction=0"], "data.val_fraction", "data.val_path"),
-        (["checkpoint=hf_export", "checkpoint.export_dtype=fp8"], "checkpoint.export_dtype", "bfloat16"),
     ],
 )
 def test_config_errors_name_key_and_fix(overrides, key, fix, tmp_path):

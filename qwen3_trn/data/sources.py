@@ -229,7 +229,6 @@ def resolve_validation_dataset(data: DataConfig) -> ResolvedDataset:
         docs = _local_files(local_data_files(data.val_path, "data.val_path"), data.text_column, "train")
         return _register(data, None, docs.loader, docs.column, role="val")
     if data.source == "embedded":
-
         corpus = str(validation_corpus_path(ensure_assets()))
         return _register(data, corpus, lambda path: _load_files([path], "json", "train"), "text", role="val")
     if data.source == "c4":
