@@ -1,17 +1,50 @@
-"""``python -m qwen3_trn [group=option ...] [key=value ...]``: compose, check, launch."""
+"""``python -m qwen3_trn [group=option ...] [key=value ...]``: compose, check, launch.
+
+The exit status is the app's contract (``qwen3_trn.app.exit_status``): 0 done, 2 bad config or
+input, 1 a run that started and failed, 130 interrupted. Hydra reports its own composition
+errors and exits 1; here they are raised instead (``HYDRA_FULL_ERROR``) and reported like any
+other bad input, naming the key and the file.
+"""
+
+import os
+import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from qwen3_trn.app import run
+from qwen3_trn.app import exit_status, run
 from qwen3_trn.config import register_schema
+from qwen3_trn.records import TRACEBACK_ENV
 
 register_schema()
 
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+def hydra_main(cfg: DictConfig) -> None:
     run(cfg)
+
+
+def config_dirs(argv: list[str]) -> list[Path]:
+    """The config search directories of this command line: ``--config-dir``, then ``conf/``."""
+    dirs = []
+    for i, arg in enumerate(argv):
+        for flag in ("--config-dir", "-cd"):
+            if arg == flag and i + 1 < len(argv):
+                dirs.append(Path(argv[i + 1]))
+            elif arg.startswith(flag + "="):
+                dirs.append(Path(arg.split("=", 1)[1]))
+    return [*dirs, CONF_DIR]
+
+
+def main() -> None:
+    if os.environ.get("HYDRA_FULL_ERROR"):
+        os.environ.setdefault(TRACEBACK_ENV, "1")  # the user asked for tracebacks
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises composition errors rather than exiting 1
+    with exit_status(config_dirs(sys.argv[1:])):
+        hydra_main()
 
 
 if __name__ == "__main__":

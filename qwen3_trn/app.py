@@ -1,52 +1,94 @@
 """One job, from a composed Hydra config to a finished run directory.
 
-``execute`` composes nothing itself: it types the config, builds the launcher, prepares the
-run (every check before anything is written), claims the run directory, and then either
-plans (``mode=plan``/``check``) or launches and records the outcome in ``summary.json``.
+``execute`` composes nothing itself: it types the config, builds the launcher, claims the run
+directory, prepares the run (every check before anything is written; the claim is given back
+when one fails), and then either plans (``mode=plan``/``check``) or launches and records the
+outcome in ``summary.json``.
+
+The exit status of the command (``exit_status``): 0 done, 2 bad config or input (a
+``ConfigError``, or Hydra's own composition errors), 1 a run that started and failed, 130
+interrupted (Ctrl-C or SIGTERM; the run's summary says ``interrupted``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+import traceback
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterable, Iterator
 
+import yaml
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.table import Table
 
+from qwen3_trn.config.composition import composition_error
 from qwen3_trn.config.schema import Mode
 from qwen3_trn.config.typed import to_run_config
-from qwen3_trn.errors import ConfigError
+from qwen3_trn.convert import resume_checkpoint
+from qwen3_trn.errors import ConfigError, RunInterrupted, describe_error
 from qwen3_trn.fit import tracked_section
 from qwen3_trn.launch import build_launcher
 from qwen3_trn.plan import config_differences, plan_record, render_plan
 from qwen3_trn.preflight import prepare
 from qwen3_trn.records import (
     CONFIG_FILE,
+    ERROR_LOG,
     LAUNCH_TIME_ENV,
+    METRICS_FILE,
     PLAN_FILE,
     PLAN_TEXT_FILE,
     TRACEBACK_ENV,
     RunStatus,
     claim_run_dir,
+    read_metrics,
+    release_run_dir,
+    remove_empty_dirs,
+    scrub_hydra_files,
+    summarize,
     update_summary,
     write_json_atomic,
     write_run_files,
     write_text_atomic,
 )
+from qwen3_trn.redact import redact_argv, redact_overrides, remember_env
 from qwen3_trn.sweep import in_multirun, job_context, run_sweep_job
 from qwen3_trn.tracking import plan_tracking, summary_fields, write_tracking
 
-__all__ = ["execute", "run", "to_run_config"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_DONE", "EXIT_FAILED", "EXIT_INTERRUPTED", "execute", "exit_status", "run", "to_run_config"]
+
+EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def _overrides() -> list[str]:
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    return redact_overrides(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def _run_dir_pattern() -> str:
+    """``hydra.run.dir`` as configured (not resolved), "" outside a Hydra run."""
+    if not HydraConfig.initialized():
+        return ""
+    return str(OmegaConf.to_container(HydraConfig.get().run, resolve=False).get("dir", ""))
+
+
+def _timestamp_levels(pattern: str) -> int:
+    """How many trailing parts of the run directory a ``${now:...}`` pattern creates."""
+    parts = Path(pattern).parts
+    levels = 0
+    for part in reversed(parts):
+        if "${" not in part:
+            break
+        levels += 1
+    return levels
 
 
 def _print_summary(summary: dict) -> None:
@@ -105,18 +147,32 @@ def _check_in_subprocess(run_dir: Path) -> dict:
 
 def execute(cfg_node: DictConfig) -> dict | None:
     cfg = to_run_config(cfg_node)
+    remember_env(cfg.launcher.env)
     launcher = build_launcher(cfg.launcher)
-    prepared = prepare(cfg, ranks_here=launcher.ranks_here)
-    launcher.validate(cfg, prepared.layout)
-    if prepared.layout_choice:  # parallelism=auto: the saved config starts every rank with the chosen degrees
-        cfg_node.parallelism = OmegaConf.structured(cfg.parallelism)
-    run_dir = claim_run_dir(cfg.output_dir)
-    write_run_files(run_dir, cfg_node, _overrides(), prepared.trainer_config.to_dict())
+    requested = cfg.output_dir
+    # A timestamped directory (the default) is shared by runs started in the same instant: the
+    # later one takes a fresh sibling. A directory given as such is refused when it holds a run.
+    run_dir = claim_run_dir(requested, fresh_if_taken="${now:" in _run_dir_pattern())
+    cfg.output_dir = str(run_dir)
+    try:
+        prepared = prepare(cfg, ranks_here=launcher.ranks_here)
+        launcher.validate(cfg, prepared.layout)
+        resume = resume_checkpoint(cfg.checkpoint)
+    except BaseException:
+        release_run_dir(run_dir)
+        raise
+    if str(run_dir) != str(requested):
+        print(f"qwen3_trn: {requested} was taken by a run started at the same time; this run writes to {run_dir}", flush=True)
+    for note in resume.notes() if resume else []:
+        print(f"qwen3_trn: {note}", flush=True)
+    node = OmegaConf.structured(cfg)  # typed: absolute paths, the claimed directory
+    write_run_files(run_dir, node, _overrides(), prepared.trainer_config.to_dict())
+    scrub_hydra_files(run_dir)
     sweep = job_context()
     if cfg.mode != Mode.train:
         launch = launcher.describe(prepared, run_dir)
-        differences = config_differences(cfg_node, sweep["swept_keys"] if sweep else None)
-        text = render_plan(prepared, launch, cfg_node, differences)
+        differences = config_differences(node, sweep["swept_keys"] if sweep else None)
+        text = render_plan(prepared, launch, node, differences)
         if cfg.mode == Mode.check:
             check = _check_in_subprocess(run_dir)
             text += f"\n== Fake-backend check ==\n{json.dumps(check)}\n"
@@ -130,45 +186,109 @@ def execute(cfg_node: DictConfig) -> dict | None:
     info = prepared.trainer_config.metrics.run_info
     tracking = plan_tracking(cfg, run_dir, _overrides(), sweep, info)
     write_tracking(run_dir, tracking)
-    update_summary(run_dir, **info, **summary_fields(tracking), status=RunStatus.running)
+    resumed = {"resumed_from": str(resume.path), "skipped_checkpoints": [f"{p}: {why}" for p, why in resume.skipped]} if resume else {}
+    update_summary(run_dir, **info, **summary_fields(tracking), **resumed, status=RunStatus.running)
     if sweep is not None:  # jobs of a sweep run one after another in this process
         os.environ[LAUNCH_TIME_ENV] = str(time.time())
     else:
         os.environ.setdefault(LAUNCH_TIME_ENV, str(time.time()))
     started = time.perf_counter()
-    status = RunStatus.failed
+    status, error = RunStatus.failed, {}
     try:
         status = launcher.launch(prepared, prepared.trainer_config, detach=sweep is not None)
+    except KeyboardInterrupt:
+        status = RunStatus.interrupted
+        raise
     except BaseException as exc:
         status = getattr(exc, "run_status", RunStatus.failed)  # e.g. cancelled: a waited-for Slurm job
+        error = {"error": describe_error(exc)}
+        if not isinstance(exc, SystemExit):
+            write_text_atomic(run_dir / ERROR_LOG, f"{error['error']}\n\n{traceback.format_exc()}")
+            error["error_log"] = str(run_dir / ERROR_LOG)
+            try:
+                exc.error_log = error["error_log"]  # for exit_status's message
+            except AttributeError:
+                pass
         raise
     finally:
         fields = {} if status == RunStatus.submitted else {"wall_time_s": time.perf_counter() - started}
-        summary = update_summary(run_dir, status=status, **fields)
+        if status in (RunStatus.failed, RunStatus.interrupted) and (run_dir / METRICS_FILE).is_file():
+            fields.update(summarize(read_metrics(run_dir)))  # the metrics rank may not have got to write them
+        summary = update_summary(run_dir, status=status, **fields, **error)
     _print_summary(summary)
     return summary
 
 
+def _is_composition_error(exc: BaseException) -> bool:
+    """Raised while Hydra composed the config (not by a run): Hydra's, OmegaConf's and YAML's
+    errors, and anything raised from inside Hydra itself."""
+    if isinstance(exc, (ConfigError, HydraException, OmegaConfBaseException, yaml.YAMLError)):
+        return True
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and "/hydra/" in frames[-1].filename
+
+
+def _report(message: str, status: int) -> None:
+    hint = f"\n(set {TRACEBACK_ENV}=1 for a traceback)" if status == EXIT_BAD_INPUT else ""
+    print(f"error: {message}{hint}", file=sys.stderr, flush=True)
+    sys.exit(status)
+
+
+@contextmanager
+def exit_status(search_dirs: Iterable[Path] = ()) -> Iterator[None]:
+    """The command's exit-code contract around composing and running: a ConfigError or
+    composition error is one clear paragraph and exit 2, an interrupted run exits 130, a
+    failed run 1 (its traceback in the run's error.log). ``search_dirs``: the config
+    directories, to point composition errors at their file."""
+    try:
+        yield
+    except SystemExit:
+        raise
+    except KeyboardInterrupt as exc:
+        how = f"signal {exc.signum}" if isinstance(exc, RunInterrupted) else "Ctrl-C"
+        print(f"qwen3_trn: interrupted ({how}); the run is marked interrupted in its summary.json", file=sys.stderr, flush=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        if _is_composition_error(exc):
+            _report(str(composition_error(exc, search_dirs)), EXIT_BAD_INPUT)
+        log = getattr(exc, "error_log", None)
+        _report(describe_error(exc) + (f"\n  traceback: {log}" if log else ""), EXIT_FAILED)
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM stops a run like Ctrl-C does (its summary says interrupted), instead of killing
+    this process before it records anything."""
+
+    def interrupt(signum, frame):
+        raise RunInterrupted(signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(cfg_node: DictConfig) -> dict | None:
-    """Hydra's task function: a ConfigError becomes one clear paragraph and exit status 2.
+    """Hydra's task function, under the exit-code contract (``exit_status``).
 
     In a multirun (``-m``) a job's error is recorded in its job.json and the sweep manifest
     instead, and the sweep goes on (``qwen3_trn.sweep``)."""
+    redact_argv()
     if in_multirun():
         return run_sweep_job(execute, cfg_node)
-    try:
-        return execute(cfg_node)
-    except ConfigError as exc:
-        _discard_if_empty(Path(cfg_node.output_dir))
-        if os.environ.get(TRACEBACK_ENV) or os.environ.get("HYDRA_FULL_ERROR"):
+    with exit_status(), _sigterm_interrupts():
+        try:
+            return execute(cfg_node)
+        except ConfigError:
+            # Hydra made the run directory before calling us: leave nothing behind.
+            if HydraConfig.initialized():
+                remove_empty_dirs(Path(HydraConfig.get().runtime.output_dir), max(1, _timestamp_levels(_run_dir_pattern())))
             raise
-        print(f"error: {exc}\n(set {TRACEBACK_ENV}=1 for a traceback)", file=sys.stderr)
-        sys.exit(2)
-
-
-def _discard_if_empty(run_dir: Path) -> None:
-    """Hydra creates the run directory before the job runs; a refused job leaves none behind."""
-    try:
-        run_dir.rmdir()  # only while it is empty
-    except OSError:
-        pass

@@ -7,7 +7,6 @@ the parallel layout: it starts nothing, and Python users can call it to get the 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,12 @@ from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 from torchtitan.trainer import Trainer
 
 from qwen3_trn.backends import get_backend
+from qwen3_trn.checkpointing import ResumePoint, find_resume_point
 from qwen3_trn.config.schema import CheckpointConfig, LoggerBackend, RunConfig
 from qwen3_trn.config.titan_overrides import apply_titan_overrides
 from qwen3_trn.data.embedded import ensure_assets, tokenizer_dir
 from qwen3_trn.data.sources import resolve_dataset
 from qwen3_trn.devices import DeviceSpec
-from qwen3_trn.errors import ConfigError
 from qwen3_trn.hf.export import HFExportCheckpointManager
 from qwen3_trn.layout import Layout
 from qwen3_trn.metrics import RunMetricsProcessor
@@ -60,36 +59,18 @@ def compute_dtype(cfg: RunConfig, device: DeviceSpec) -> str:
     return param_dtype(cfg, device) if cfg.training.dtype == "float32" else str(cfg.training.dtype)
 
 
-def _step_folders(folder: Path) -> list[tuple[int, Path]]:
-    found = []
-    for child in folder.glob("step-*") if folder.is_dir() else []:
-        match = re.fullmatch(r"step-(\d+)", child.name)
-        if match and child.is_dir():
-            found.append((int(match.group(1)), child))
-    return sorted(found)
-
-
-def resume_checkpoint(checkpoint: CheckpointConfig) -> str | None:
-    """The step-N folder to resume from: the given one, or the latest in a run directory."""
+def resume_checkpoint(checkpoint: CheckpointConfig) -> ResumePoint | None:
+    """The checkpoint to resume from: the given step-N folder, or the newest complete one of a
+    run directory (``checkpointing.find_resume_point``)."""
     if not checkpoint.resume_from:
         return None
-    given = Path(checkpoint.resume_from).expanduser()
-    if re.fullmatch(r"step-\d+", given.name) and given.is_dir():
-        return str(given)
-    for folder in (given / checkpoint.folder, given):
-        steps = _step_folders(folder)
-        if steps:
-            return str(steps[-1][1])
-    raise ConfigError(
-        "checkpoint.resume_from",
-        f"'{checkpoint.resume_from}' holds no step-N checkpoint (looked in {given / checkpoint.folder} and {given}); "
-        "pass a run directory that was trained with checkpoint=on, or one of its step-N folders.",
-    )
+    return find_resume_point(Path(checkpoint.resume_from).expanduser(), checkpoint.folder)
 
 
 def _checkpoint(cfg: RunConfig, arch: Qwen3Architecture) -> HFExportCheckpointManager.Config:
     ckpt = cfg.checkpoint
-    resume = resume_checkpoint(ckpt)
+    resume_point = resume_checkpoint(ckpt)
+    resume = str(resume_point.path) if resume_point else None
     initial_load_path = resume or ckpt.initial_load_path
     return HFExportCheckpointManager.Config(
         # torchtitan's manager saves nothing unless enabled, so the HF export alone enables it too.

@@ -35,3 +35,11 @@ def describe_error(exc: BaseException) -> str:
             pass
     lines = [line for line in str(exc).splitlines() if line.strip()]
     return (f"{type(exc).__name__}: {lines[0].strip()}" if lines else type(exc).__name__)[:500]
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A run stopped by a signal (Ctrl-C, SIGTERM): its summary says *interrupted*, exit status 130."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by signal {signum}")
+        self.signum = signum

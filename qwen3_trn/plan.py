@@ -14,7 +14,8 @@ from qwen3_trn.config.overrides import override_key
 from qwen3_trn.launch import LaunchDescription
 from qwen3_trn.layout import Layout
 from qwen3_trn.preflight import Prepared
-from qwen3_trn.records import PLAN_TEXT_FILE
+from qwen3_trn.records import PLAN_TEXT_FILE, config_dump
+from qwen3_trn.redact import redact_overrides, redact_tree
 
 
 def device_mapping(device_type: str, layout: Layout) -> list[str]:
@@ -54,10 +55,10 @@ def config_differences(resolved: DictConfig, swept_keys: list[str] | None) -> tu
     else:
         base_overrides, base_name = [], f"the defaults ({hydra_cfg.job.config_name}.yaml without overrides)"
     try:
-        base = OmegaConf.to_container(compose(config_name=hydra_cfg.job.config_name, overrides=base_overrides), resolve=True)
-        job = OmegaConf.to_container(resolved, resolve=True)
+        base = redact_tree(OmegaConf.to_container(compose(config_name=hydra_cfg.job.config_name, overrides=base_overrides), resolve=True))
+        job = redact_tree(OmegaConf.to_container(resolved, resolve=True, enum_to_str=True))
     except Exception as exc:  # noqa: BLE001 - the plan is still useful without the diff
-        return overrides, base_name, [f"(could not compose the base config: {type(exc).__name__}: {exc})"]
+        return redact_overrides(overrides), base_name, [f"(could not compose the base config: {type(exc).__name__}: {exc})"]
     before, after = _flatten(base), _flatten(job)
     lines = []
     for key in sorted(set(before) | set(after)):
@@ -65,7 +66,7 @@ def config_differences(resolved: DictConfig, swept_keys: list[str] | None) -> tu
             continue
         if before.get(key, "<absent>") != after.get(key, "<absent>"):
             lines.append(f"{key}: {before.get(key, '<absent>')} -> {after.get(key, '<absent>')}")
-    return overrides, base_name, lines
+    return redact_overrides(overrides), base_name, lines
 
 
 def plan_record(prepared: Prepared, launch: LaunchDescription, run_dir: Path, differences: list[str]) -> dict[str, Any]:
@@ -85,7 +86,7 @@ def render_plan(prepared: Prepared, launch: LaunchDescription, resolved: DictCon
     present = "present" if prepared.device.count else "not on this machine: planned only"
     overrides, base_name, lines = differences
     sections = [
-        ("Resolved config", OmegaConf.to_yaml(resolved, resolve=True).rstrip()),
+        ("Resolved config", config_dump(resolved).rstrip()),
         (
             "Overrides and differences from the base config",
             "\n".join([f"overrides: {' '.join(overrides) or '(none)'}", f"compared with: {base_name}", *(f"  {line}" for line in lines)])

@@ -8,19 +8,18 @@ belong to a launcher (a Slurm partition, say) are the launcher's own (``qwen3_tr
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from torchtitan.trainer import Trainer
 
 from qwen3_trn import fit
 from qwen3_trn.backends import get_backend
 from qwen3_trn.config.schema import LocalLauncherConfig, Mode, RunConfig
-from qwen3_trn.convert import architecture, to_trainer_config, tokenizer_path
+from qwen3_trn.convert import architecture, to_trainer_config
 from qwen3_trn.devices import DEVICES, DeviceSpec, planned_device, probe_device, resolve_device
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.hf.export import check_hf_export
+from qwen3_trn.inputs import absolute_paths, check_data, check_tokenizer
 from qwen3_trn.layout import Layout, resolve_layout
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.validation import check_validation
@@ -86,31 +85,6 @@ def _nproc_per_node(cfg: RunConfig, device: DeviceSpec, ranks_here: bool) -> int
     return nproc
 
 
-def _check_tokenizer(cfg: RunConfig, arch: Qwen3Architecture) -> None:
-    path = Path(tokenizer_path(cfg))
-    key = "model.hf_assets_path"
-    if not path.is_dir():
-        raise ConfigError(key, f"'{path}' is not a directory; point it at a folder holding tokenizer.json (HF assets).")
-    tokenizer_json = path / "tokenizer.json"
-    if not tokenizer_json.is_file() and not (path / "vocab.json").is_file():
-        raise ConfigError(
-            key,
-            f"'{path}' holds no tokenizer (no tokenizer.json or vocab.json); download the model's HF assets "
-            "there, or leave model.hf_assets_path unset to use the tokenizer the project ships.",
-        )
-    if tokenizer_json.is_file():
-        tokenizer = json.loads(tokenizer_json.read_text())
-        vocab = tokenizer.get("model", {}).get("vocab", {})
-        added = tokenizer.get("added_tokens", [])
-        size = max([len(vocab)] + [t["id"] + 1 for t in added])
-        if size > arch.vocab_size:
-            raise ConfigError(
-                "model.vocab_size",
-                f"the tokenizer in '{path}' has {size} tokens but the model's vocab_size is {arch.vocab_size}; "
-                f"set model.vocab_size>={size} or use a matching tokenizer.",
-            )
-
-
 def _check_training(cfg: RunConfig, arch: Qwen3Architecture, layout: Layout) -> None:
     training = cfg.training
     if training.seq_len > arch.max_seq_len:
@@ -118,9 +92,6 @@ def _check_training(cfg: RunConfig, arch: Qwen3Architecture, layout: Layout) -> 
             "training.seq_len",
             f"{training.seq_len} is above the model's max_seq_len {arch.max_seq_len}; lower training.seq_len or raise model.max_seq_len.",
         )
-    for key in ("steps", "local_batch_size", "seq_len"):
-        if getattr(training, key) < 1:
-            raise ConfigError(f"training.{key}", f"must be >= 1, got {getattr(training, key)}.")
     per_step = training.local_batch_size * layout.data_parallel
     if training.global_batch_size > 0 and training.global_batch_size % per_step:
         raise ConfigError(
@@ -154,13 +125,14 @@ def resolve(cfg: RunConfig, ranks_here: bool = True) -> Resolved:
     _check_training(cfg, arch, layout)
     check_validation(cfg.validation, cfg.training.seq_len, arch.max_seq_len, pipeline_parallel=layout.pp > 1)
     check_hf_export(cfg.checkpoint)
-    _check_tokenizer(cfg, arch)
     backend.validate(cfg, arch, device)
     return Resolved(cfg=cfg, device=device, layout=layout, arch=arch, layout_choice=choice)
 
 
 def prepare(cfg: RunConfig, ranks_here: bool = True) -> Prepared:
-    """``resolve`` and the exact torchtitan ``Trainer.Config`` the ranks will build."""
+    """``resolve``, the run's inputs (paths made absolute, data and tokenizer opened:
+    ``qwen3_trn.inputs``) and the exact torchtitan ``Trainer.Config`` the ranks will build."""
+    absolute_paths(cfg)
     resolved = resolve(cfg, ranks_here)
     try:
         trainer_config = to_trainer_config(cfg, resolved.device, resolved.layout)
@@ -168,6 +140,10 @@ def prepare(cfg: RunConfig, ranks_here: bool = True) -> Prepared:
         raise
     except (ValueError, AssertionError) as exc:
         raise ConfigError("titan", f"torchtitan refused the resulting Trainer.Config: {exc}") from exc
+    check_tokenizer(
+        trainer_config.hf_assets_path, lambda path: trainer_config.tokenizer.build(tokenizer_path=path), resolved.arch.vocab_size
+    )
+    check_data(cfg)
     report = fit.preflight(cfg, resolved.device, resolved.layout, resolved.arch, trainer_config, resolved.layout_choice)
     trainer_config.metrics.run_info["fit"] = report.to_record()
     return Prepared(**vars(resolved), trainer_config=trainer_config, fit=report)

@@ -19,11 +19,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Iterator
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.config.typed import run_config_from_container
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.redact import redact_dump, redact_overrides, redact_tree, scrub
 
 # --- files of a run directory ---
 CONFIG_FILE = "config.yaml"
@@ -36,6 +38,8 @@ PLAN_TEXT_FILE = "plan.txt"
 PLAN_FILE = "plan.json"
 DEVICE_SLICE_FILE = "device_slice.json"
 LOGS_DIR = "logs"
+# What Hydra itself writes into a run or sweep directory (hydra.output_subdir, the sweep's config).
+HYDRA_DUMPS = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "multirun.yaml")
 SLURM_DIR = "slurm"
 CLAIM_FILE = ".qwen3_trn-run"
 # Present in a directory that holds (or held) a run.
@@ -98,8 +102,10 @@ def cache_dir() -> Path:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Readers see the old file or the new one, never a half-written one."""
+    """Readers see the old file or the new one, never a half-written one; no secret value is
+    written (``qwen3_trn.redact``)."""
     path = Path(path)
+    text = scrub(text)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -111,8 +117,8 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_json_atomic(path: Path, record: Any) -> None:
-    write_text_atomic(path, json.dumps(record, indent=2, default=str) + "\n")
+def write_json_atomic(path: Path, record: Any, sort_keys: bool = False) -> None:
+    write_text_atomic(path, json.dumps(record, indent=2, default=str, sort_keys=sort_keys) + "\n")
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -140,23 +146,37 @@ def _locked(path: Path) -> Iterator[None]:
 # ------------------------------------------------------------------------------------------
 
 
-def claim_run_dir(path: str | Path) -> Path:
+def _claim(run_dir: Path) -> list[str]:
+    """Claim ``run_dir`` (exclusive create of ``CLAIM_FILE``); the markers that stop it, if any."""
+    taken = [name for name in RUN_MARKERS if (run_dir / name).exists()]
+    if taken:
+        return taken
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(run_dir / CLAIM_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return [CLAIM_FILE]
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()} {time.time()}\n")
+    return []
+
+
+def claim_run_dir(path: str | Path, fresh_if_taken: bool = False) -> Path:
     """The run directory, claimed for this run alone: refused if a run already wrote there.
 
     The claim is an exclusive create of ``CLAIM_FILE``, so two runs started at once with the
-    same directory cannot both win."""
+    same directory cannot both win. ``fresh_if_taken`` (a timestamped directory pattern, which
+    runs started in the same instant share): the loser takes ``<dir>-1``, ``<dir>-2``, ...
+    instead of failing."""
     run_dir = Path(path)
-    taken = [name for name in RUN_MARKERS if (run_dir / name).exists()]
+    taken = _claim(run_dir)
     if not taken:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(run_dir / CLAIM_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            taken = [CLAIM_FILE]
-        else:
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{os.getpid()} {time.time()}\n")
-            return run_dir
+        return run_dir
+    if fresh_if_taken:
+        for n in range(1, 10_000):
+            candidate = run_dir.with_name(f"{run_dir.name}-{n}")
+            if not _claim(candidate):
+                return candidate
     raise ConfigError(
         "hydra.run.dir",
         f"'{run_dir}' already holds a run ({', '.join(taken)}); nothing was changed. Choose a new "
@@ -165,14 +185,59 @@ def claim_run_dir(path: str | Path) -> Path:
     )
 
 
+def release_run_dir(run_dir: Path) -> None:
+    """Undo ``claim_run_dir`` for a run that stopped before writing anything: the claim file
+    goes, and the directory too when nothing else is in it."""
+    run_dir = Path(run_dir)
+    claim = run_dir / CLAIM_FILE
+    try:
+        owner = claim.read_text().split()[0]
+    except (OSError, IndexError):
+        return
+    if owner == str(os.getpid()):
+        claim.unlink(missing_ok=True)
+        remove_empty_dirs(run_dir)
+
+
+def remove_empty_dirs(path: Path, levels: int = 1) -> None:
+    """Remove ``path`` and up to ``levels - 1`` of its parents while they are empty."""
+    path = Path(path)
+    for _ in range(levels):
+        try:
+            path.rmdir()
+        except OSError:
+            return
+        path = path.parent
+
+
 def holds_run(run_dir: Path) -> bool:
     return any((Path(run_dir) / name).exists() for name in (*RUN_MARKERS, JOB_FILE))
 
 
+def config_dump(resolved: DictConfig) -> str:
+    """The YAML of a resolved config as the run records it: secret values redacted."""
+    return OmegaConf.to_yaml(OmegaConf.create(redact_tree(OmegaConf.to_container(resolved, resolve=True, enum_to_str=True))))
+
+
 def write_run_files(run_dir: Path, resolved: DictConfig, overrides: list[str], trainer_config_dict: dict[str, Any]) -> None:
-    write_text_atomic(run_dir / CONFIG_FILE, OmegaConf.to_yaml(resolved, resolve=True))
-    write_text_atomic(run_dir / OVERRIDES_FILE, OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
+    write_text_atomic(run_dir / CONFIG_FILE, config_dump(resolved))
+    write_text_atomic(run_dir / OVERRIDES_FILE, OmegaConf.to_yaml(OmegaConf.create(redact_overrides(overrides))))
     write_text_atomic(run_dir / TRAINER_CONFIG_FILE, json.dumps(trainer_config_dict, indent=2, default=repr) + "\n")
+
+
+def scrub_hydra_files(directory: Path) -> None:
+    """Hydra's own dumps in ``directory`` rewritten without secrets (``HYDRA_DUMPS``)."""
+    for name in HYDRA_DUMPS:
+        path = Path(directory) / name
+        if not path.is_file():
+            continue
+        try:
+            dumped = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        redacted = redact_dump(dumped)
+        if redacted != dumped:
+            write_text_atomic(path, yaml.safe_dump(redacted, sort_keys=False))
 
 
 def read_overrides(run_dir: Path) -> list[str]:

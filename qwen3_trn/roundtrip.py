@@ -22,7 +22,6 @@ Prints the report (and writes ``roundtrip.json`` next to the copy); exits 1 on a
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -36,6 +35,7 @@ from qwen3_trn.errors import ConfigError
 from qwen3_trn.hf.checkpoint import checkpoint_dtype, read_config, safetensors_files
 from qwen3_trn.hf.export import save_hf_weights, write_hf_model_files
 from qwen3_trn.models.hf_config import architecture_from_hf
+from qwen3_trn.records import write_json_atomic
 from qwen3_trn.verify import (
     LogitCheck,
     hf_model,
@@ -225,7 +225,7 @@ def roundtrip(
             )
     elif not report.max_logit_diff_titan <= atol:
         report.failures.append(f"torchtitan model's logits differ from the source by {report.max_logit_diff_titan:.3g} > {atol:g}")
-    (dst / "roundtrip.json").write_text(json.dumps({**asdict(report), "ok": report.ok}, indent=2) + "\n")
+    write_json_atomic(dst / "roundtrip.json", {**asdict(report), "ok": report.ok})
     return report
 
 

@@ -52,12 +52,14 @@ from qwen3_trn.records import (
     read_manifest,
     read_summary,
     read_sweep_file,
+    scrub_hydra_files,
     write_job_record,
     write_json_atomic,
     write_manifest_file,
     write_sweep_file,
     write_text_atomic,
 )
+from qwen3_trn.redact import redact_argv, redact_log_handlers, redact_overrides, remember_env
 from qwen3_trn.report import build_report
 from qwen3_trn.tracking import finish_dangling_run
 
@@ -94,9 +96,10 @@ def job_context() -> dict[str, Any] | None:
     hydra_cfg = HydraConfig.get()
     sweep_dir = Path(str(hydra_cfg.sweep.dir)).resolve()
     shared = read_sweep_file(sweep_dir)
-    overrides = list(hydra_cfg.overrides.task)
+    overrides = redact_overrides(hydra_cfg.overrides.task)
     swept = shared.get("swept_keys") or []
-    name = ",".join(o for o in overrides if override_key(o) in swept) or hydra_cfg.job.override_dirname or f"job{hydra_cfg.job.num}"
+    dirname = ",".join(redact_overrides(str(hydra_cfg.job.override_dirname or "").split(","))).strip(",")
+    name = ",".join(o for o in overrides if override_key(o) in swept) or dirname or f"job{hydra_cfg.job.num}"
     return {
         "dir": str(sweep_dir),
         "num": int(hydra_cfg.job.num),
@@ -151,6 +154,9 @@ def run_sweep_job(execute: Callable[[Any], dict | None], cfg_node: Any) -> dict[
     except NotApplicable as exc:
         record.update(status="skipped", reason=str(exc), error_key=exc.key)
     except KeyboardInterrupt:
+        record.update(status="interrupted", ended=time.time())
+        if not foreign:
+            write_job_record(job_dir, record)
         raise
     except BaseException as exc:  # noqa: BLE001 - a sweep records every failure and goes on
         record.update(status="failed", error=describe_error(exc), error_type=type(exc).__name__)
@@ -430,6 +436,9 @@ class SweepCallback(Callback):
         self.publish = publish
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        redact_argv()
+        remember_env(config.get("launcher", {}).get("env") or {})
+        redact_log_handlers()  # Hydra logs each job's overrides
         problems = unknown_group_options(config)
         if problems:  # before any job runs, rather than a crash at that job
             print("error: this sweep cannot run:\n  " + "\n  ".join(problems), file=sys.stderr, flush=True)
@@ -450,6 +459,11 @@ class SweepCallback(Callback):
         }
         write_sweep_file(sweep_dir, shared)
 
+    def on_job_start(self, config: Any, **kwargs: Any) -> None:
+        """Hydra's basic sweeper has just written the sweep's config (multirun.yaml), secrets
+        included: rewrite it redacted before the first job runs."""
+        scrub_hydra_files(Path(str(config.hydra.sweep.dir)))
+
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
         """A job whose error escaped ``run_sweep_job`` (it should not) is still recorded."""
         if job_return is None or job_return.status != JobStatus.FAILED:
@@ -463,12 +477,12 @@ class SweepCallback(Callback):
             _foreign_record_path(sweep_dir, num),
             {
                 "num": num,
-                "name": config.hydra.job.override_dirname,
-                "overrides": list(job_return.overrides or []),
+                "name": ",".join(redact_overrides(str(config.hydra.job.override_dirname or "").split(","))),
+                "overrides": redact_overrides(job_return.overrides or []),
                 "run_dir": str(Path(str(config.hydra.runtime.output_dir)).resolve()),
                 "status": "failed",
                 "error": f"{type(error).__name__}: {error}",
-                "rerun": rerun_command(list(job_return.overrides or [])),
+                "rerun": rerun_command(redact_overrides(job_return.overrides or [])),
             },
         )
 

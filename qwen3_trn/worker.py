@@ -22,6 +22,7 @@ from qwen3_trn.convert import compute_dtype, to_trainer_config
 from qwen3_trn.devices import DeviceSpec, resolve_device
 from qwen3_trn.layout import Layout
 from qwen3_trn.records import LOGS_DIR
+from qwen3_trn.redact import RedactingFormatter
 
 
 @dataclass(frozen=True)
@@ -40,12 +41,12 @@ def configure_logging(cfg: RunConfig, rank: int) -> None:
     log_dir = Path(cfg.output_dir) / LOGS_DIR
     log_dir.mkdir(parents=True, exist_ok=True)
     file_handler = logging.FileHandler(log_dir / f"rank{rank}.log")
-    file_handler.setFormatter(logging.Formatter(f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s"))
+    file_handler.setFormatter(RedactingFormatter(f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(file_handler)
     if rank == 0 or cfg.logger.all_ranks_to_console:
         console = logging.StreamHandler(sys.stderr)
         console.setLevel(logging.ERROR)
-        console.setFormatter(logging.Formatter(f"[rank{rank}] %(levelname)s: %(message)s"))
+        console.setFormatter(RedactingFormatter(f"[rank{rank}] %(levelname)s: %(message)s"))
         root.addHandler(console)
     logging.captureWarnings(True)
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")

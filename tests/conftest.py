@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -31,13 +33,40 @@ def compose_config(overrides: list[str], output_dir: str | Path = "/tmp/qwen3_tr
         return compose("config", overrides=[*overrides, f"output_dir={output_dir}"])
 
 
-def run_cli(args: list[str], run_dir: Path | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``python -m qwen3_trn ARGS`` in a subprocess, with the run directory pinned."""
+def cli_env(env: dict | None = None) -> dict[str, str]:
+    """The environment of a CLI subprocess: offline, the checkout's package first on the path."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": path, **(env or {})}
+
+
+def run_cli(
+    args: list[str], run_dir: Path | None = None, timeout: float = 600, env: dict | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m qwen3_trn ARGS`` in a subprocess (in ``cwd``, default the checkout), with the
+    run directory pinned."""
     cmd = [sys.executable, "-m", "qwen3_trn", *args]
     if run_dir is not None:
         cmd.append(f"hydra.run.dir={run_dir}")
-    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **(env or {})}
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=full_env)
+    return subprocess.run(cmd, cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout, env=cli_env(env))
+
+
+def run_in_process(args: list[str], run_dir: Path, config_dir: Path | None = None) -> tuple[int, str]:
+    """The command's path in this process: Hydra's compose and the app's task function, under
+    the same exit-code contract as ``python -m qwen3_trn`` (``app.exit_status``). Returns the
+    exit status and what went to stderr."""
+    from qwen3_trn.app import exit_status, run
+
+    searchpath = [f"hydra.searchpath=[file://{config_dir}]"] if config_dir else []
+    err, code = io.StringIO(), 0
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            with exit_status([*([config_dir] if config_dir else []), CONF]):
+                with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+                    cfg = compose("config", overrides=[*searchpath, *args, f"output_dir={run_dir}"])
+                run(cfg)
+        except SystemExit as exc:
+            code = exc.code
+    return code, err.getvalue()
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -10,6 +10,7 @@ from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAt
 from torchtitan.models.qwen3 import parallelize_qwen3
 
 from qwen3_trn.app import to_run_config
+from qwen3_trn.convert import resume_checkpoint
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.preflight import prepare
 from tests.conftest import compose_config
@@ -121,10 +122,14 @@ def test_titan_escape_hatch_suggests_close_names(tmp_path):
         _trainer_config(["+titan.comm.init_timeout_secs=5"], tmp_path)
 
 
-def test_resume_from_picks_latest_step(tmp_path):
+def test_resume_from_picks_latest_complete_step(tmp_path):
     old = tmp_path / "old"
-    for step in (3, 12, 6):
+    for step in (3, 12, 6, 15):
         (old / "checkpoint" / f"step-{step}").mkdir(parents=True)
+        if step != 15:  # step-15: a save that did not finish (no .metadata)
+            (old / "checkpoint" / f"step-{step}" / ".metadata").write_bytes(b"")
     tc = _trainer_config([f"checkpoint.resume_from={old}"], tmp_path / "new")
     assert tc.checkpoint.enable and tc.checkpoint.initial_load_path.endswith("step-12")
     assert tc.checkpoint.initial_load_model_only is False
+    point = resume_checkpoint(to_run_config(compose_config([f"checkpoint.resume_from={old}"], tmp_path / "new")).checkpoint)
+    assert point.skipped == [(old / "checkpoint" / "step-15", point.skipped[0][1])] and "no .metadata" in point.skipped[0][1]

@@ -3,6 +3,8 @@ worker starts, with nothing written over."""
 
 from __future__ import annotations
 
+import gzip
+
 import pytest
 
 from qwen3_trn.app import execute, to_run_config
@@ -27,7 +29,6 @@ from tests.conftest import compose_config, run_cli
         (["compile=neuron"], "compile.backend", "compile=inductor"),
         (["validation.interval=0"], "validation.interval", "validation=off"),
         (["data=files", "data.path=qwen3_trn/data/assets/corpus.jsonl.gz", "data.val_fraction=0"], "data.val_fraction", "data.val_path"),
-        (["checkpoint=hf_export", "checkpoint.export_dtype=fp8"], "checkpoint.export_dtype", "bfloat16"),
     ],
 )
 def test_config_errors_name_key_and_fix(overrides, key, fix, tmp_path):
@@ -45,6 +46,17 @@ def test_unknown_key_added_with_plus_is_refused(tmp_path):
     assert info.value.key == "model.n_layerz"
 
 
+def _bad_yaml_in_config_dir(tmp_path):
+    (tmp_path / "conf" / "optimizer").mkdir(parents=True)
+    (tmp_path / "conf" / "optimizer" / "mine.yaml").write_text("lr: [1,\n")
+    return ["--config-dir", str(tmp_path / "conf"), "optimizer=mine"]
+
+
+def _binary_data_file(tmp_path):
+    (tmp_path / "blob.jsonl.gz").write_bytes(gzip.compress(bytes(range(256)) * 16))
+    return ["data=files", f"data.path={tmp_path / 'blob.jsonl.gz'}"]
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [
@@ -53,13 +65,22 @@ def test_unknown_key_added_with_plus_is_refused(tmp_path):
         (["training.steps=many"], "training.steps"),
         (["+training.foo=1"], "training.foo"),
         (["model=tiny_moe", "model.top_k=16"], "model.top_k"),
+        (_bad_yaml_in_config_dir, "mine.yaml, line 2, column 1: malformed YAML"),
+        (["optimizer.beta2=1.5"], "optimizer.beta2: must be < 1"),
+        (_binary_data_file, "blob.jsonl.gz is not text"),
+        (["training.seq_len=[32"], "training.seq_len: cannot parse the override"),
     ],
 )
 def test_cli_reports_errors_without_traceback(args, needle, tmp_path):
-    result = run_cli(args, tmp_path / "run", timeout=120)
-    assert result.returncode != 0
+    """Exit status 2 from ``python -m qwen3_trn`` for Hydra's composition errors and the
+    project's own checks alike; the run directory Hydra creates first is removed again."""
+    args = args(tmp_path) if callable(args) else args
+    run_dir = tmp_path / "runs" / "run"
+    result = run_cli(args, run_dir, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
     assert needle in result.stderr
     assert "Traceback" not in result.stderr
+    assert not run_dir.exists()
 
 
 def test_existing_run_directory_is_never_overwritten(tmp_path):

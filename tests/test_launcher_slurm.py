@@ -15,13 +15,16 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.records import read_json
 from tests.conftest import REPO, compose_config, read_metrics, read_summary, run_cli
+from tests.secret_values import SECRETS_IN_ENV, SECRETS_IN_LAUNCHER_ENV, files_with_secrets, process_cmdline, process_env, secret_args
 from tests.slurm_cluster import SlurmCluster, slurm_cluster, slurm_env, wait_for_state  # noqa: F401
 
 try:
@@ -202,15 +205,16 @@ def test_two_job_multirun_on_slurm(slurm_cluster: SlurmCluster, tmp_path: Path):
             *TINY,
             "training.steps=3",
             "+launcher.env.QWEN3_TRN_MARK=from-config",
+            *secret_args(),
             "training.seed=1,2",
             f"hydra.sweep.dir={sweep}",
         ],
         timeout=400,
-        env=slurm_cluster.env,
+        env={**slurm_cluster.env, **SECRETS_IN_ENV},
     )
     assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
     manifest = json.loads((sweep / "manifest.json").read_text())
-    assert manifest["counts"]["completed"] == 2 and manifest["complete"] is True
+    assert manifest["counts"]["completed"] == 2 and manifest["complete"] is True, result.stdout[-3000:] + result.stderr[-3000:]
     job_ids = set()
     for num in (0, 1):
         run_dir = sweep / str(num)
@@ -230,6 +234,9 @@ def test_two_job_multirun_on_slurm(slurm_cluster: SlurmCluster, tmp_path: Path):
         assert "export QWEN3_TRN_MARK=from-config" in submitted and "#SBATCH --partition=cpu" in submitted
         assert submitted == sbatch_script(load_run_config(str(run_dir / "config.yaml")), 1, run_dir / "slurm")
     assert len(job_ids) == 2
+    # no secret of the environment or of launcher.env in any file of the sweep
+    assert files_with_secrets(sweep) == []
+    assert "# HF_TOKEN: from the submitting environment" in submitted
     assert "2 jobs: 2 completed, 0 failed" in result.stdout and "[sweep] #0 submitted training.seed=1: Slurm job" in result.stdout
 
 
@@ -238,20 +245,30 @@ def test_failing_job_is_reported_failed(slurm_env: SlurmCluster, tmp_path: Path,
     from qwen3_trn.status import main as status_main
 
     corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"body": f"line {i} " * 40}) + "\n" for i in range(20)))
+    corpus.write_text("".join(json.dumps({"text": f"line {i} " * 40}) + "\n" for i in range(20)))
     run_dir = tmp_path / "run"
-    # the file exists, so the submission is accepted; the job fails reading its (absent) "text" column
+
+    def remove_once_submitted():
+        # the checks before submitting read the file; the job, which starts seconds later, finds it gone
+        _wait_until(lambda: "job_id" in ((read_json(run_dir / "summary.json") or {}).get("slurm") or {}), 120, "the submission", poll=0.02)
+        corpus.unlink()
+
+    remover = threading.Thread(target=remove_once_submitted, daemon=True)
+    remover.start()
     with pytest.raises(SystemExit) as ended:
         _execute([*SLURM, *TINY, "training.steps=3", "data=files", f"data.path={corpus}", "launcher.wait=true"], run_dir)
+    remover.join(timeout=10)
     assert ended.value.code == 1 and getattr(ended.value, "run_status", None) == "failed"
     summary = read_summary(run_dir)
+    job_id = summary["slurm"]["job_id"]
     assert summary["status"] == "failed" and summary["slurm"]["state"] == "FAILED"
-    assert summary["error"] == f"Slurm job {summary['slurm']['job_id']} FAILED: KeyError: 'text'"
-    assert wait_for_state(summary["slurm"]["job_id"], "FAILED", timeout=30) == "FAILED"
+    reason = f"ConfigError: data.path: '{corpus}' does not exist"
+    assert summary["error"].startswith(f"Slurm job {job_id} FAILED: ") and reason in summary["error"], summary["error"]
+    assert wait_for_state(job_id, "FAILED", timeout=30) == "FAILED"
     err = capsys.readouterr().err
-    assert f"error: Slurm job {summary['slurm']['job_id']} ended FAILED: KeyError: 'text'" in err and summary["slurm"]["stderr"] in err
+    assert f"error: Slurm job {job_id} ended FAILED: " in err and reason in err and summary["slurm"]["stderr"] in err
     assert status_main([str(run_dir)]) == 1
-    assert f"failed     job {summary['slurm']['job_id']}" in capsys.readouterr().out
+    assert f"failed     job {job_id}" in capsys.readouterr().out
 
 
 @needs_submitit
@@ -349,3 +366,40 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_env: SlurmCluster, tmp_p
     offline = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
     assert len(offline) == 2 and all(name.endswith(f"-{run_id}") for name in offline), offline
     assert "export WANDB_RESUME=allow" in Path(summary["slurm"]["submission_file"]).read_text()
+
+
+@needs_submitit
+def test_secrets_reach_the_job_through_its_environment_not_a_file(slurm_cluster: SlurmCluster, tmp_path: Path):
+    """WANDB_API_KEY, HF_TOKEN and AWS_SECRET_ACCESS_KEY in the environment and in launcher.env:
+    the job's processes have them (launcher.env's, through sbatch's environment), no file of the
+    run directory (config, sbatch script, Slurm logs, wandb run) holds them."""
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        [*SLURM, "model=tiny", "logger=wandb", "training.seq_len=64", "optimizer.warmup_steps=1", "training.steps=40", *secret_args()],
+        run_dir,
+        timeout=300,
+        env={**slurm_cluster.env, **SECRETS_IN_ENV},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = str(run_dir / "slurm")
+
+    def job_processes():
+        pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+        return [pid for pid in pids if "submitit.core._submit" in process_cmdline(pid) and folder in process_cmdline(pid)]
+
+    pids = _wait_until(job_processes, 180, "the job's process")
+    env = process_env(pids[0])
+    assert {key: env.get(key) for key in SECRETS_IN_LAUNCHER_ENV} == SECRETS_IN_LAUNCHER_ENV
+    assert env.get("QWEN3_TRN_SERVICE_TOKEN") == SECRETS_IN_ENV["QWEN3_TRN_SERVICE_TOKEN"]
+
+    from qwen3_trn.launch.slurm.state import refresh_runs
+
+    final = _wait_until(
+        lambda: next((s for s in refresh_runs([run_dir]) if s["status"] in ("completed", "failed", "cancelled")), None),
+        300,
+        "the job's end",
+        poll=2,
+    )
+    assert final["status"] == "completed", _job_log(run_dir)[-3000:]
+    assert list((run_dir / "wandb").glob("offline-run-*")) and list((run_dir / "slurm").glob("*_submission.sh"))
+    assert files_with_secrets(run_dir) == []

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
-from tests.conftest import FAST, assert_trained, read_metrics, read_summary, run_cli
+from tests.conftest import FAST, assert_trained, cli_env, read_metrics, read_summary, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -59,14 +64,55 @@ def test_two_rank_fsdp_on_gloo(run_dir):
     assert "[rank1]" not in result.stdout
 
 
-def test_checkpoint_resume_continues_step_count(tmp_path):
-    first, second = tmp_path / "first", tmp_path / "second"
-    common = ["checkpoint=on", "checkpoint.interval=2", "training.seq_len=128", "optimizer.warmup_steps=2"]
-    assert_trained(run_cli([*common, "training.steps=4"], first), first, steps=4)
-    assert (first / "checkpoint" / "step-4").is_dir()
-    result = run_cli([*common, "training.steps=7", f"checkpoint.resume_from={first}"], second)
-    records = assert_trained(result, second, steps=3)
-    assert records[0]["step"] == 5 and records[-1]["step"] == 7
-    # the resumed run starts where the first one ended, not from a fresh model
-    assert records[0]["loss"] < read_metrics(first)[0]["loss"] - 0.2
-    assert [r["step"] for r in read_metrics(first)] == [1, 2, 3, 4]
+def test_killed_fsdp_run_resumes_with_the_losses_of_an_uninterrupted_one(tmp_path):
+    """2 ranks, FSDP over gloo. A run killed with SIGKILL between checkpoints and resumed from
+    its run directory, given relative to where the command runs (the README's
+    ``checkpoint.resume_from=outputs/runs/<date>/<time>``), logs exactly the losses of a run that
+    was never interrupted at every later step. (Absolute paths: the resume tests in
+    tests/test_reliability.py and the Slurm requeue test.)"""
+    common = [
+        "launcher.nproc_per_node=2",
+        "parallelism=fsdp",
+        "checkpoint=on",
+        "checkpoint.interval=2",
+        "checkpoint.keep_latest_k=0",
+        "training.seq_len=64",
+        "optimizer.warmup_steps=2",
+        "logger=none",
+        "training.steps=7",
+    ]
+    reference = tmp_path / "reference"
+    uninterrupted = {r["step"]: r["loss"] for r in assert_trained(run_cli(common, reference), reference, steps=7)}
+
+    killed = tmp_path / "outputs" / "runs" / "killed"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "qwen3_trn", *common, f"hydra.run.dir={killed}"],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 600
+    while not ((killed / "checkpoint" / "step-4" / ".metadata").is_file() and any(r["step"] == 5 for r in _records(killed))):
+        assert run.poll() is None and time.monotonic() < deadline, "the run ended before step 5"
+        time.sleep(0.05)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait(timeout=60)
+    assert not (killed / "checkpoint" / "step-6" / ".metadata").exists(), "killed after the next checkpoint, not between two"
+
+    resumed = tmp_path / "outputs" / "runs" / "resumed"
+    result = run_cli([*common, "checkpoint.resume_from=outputs/runs/killed"], resumed, cwd=tmp_path)
+    records = assert_trained(result, resumed, steps=3)
+    assert {r["step"]: r["loss"] for r in records} == {step: uninterrupted[step] for step in (5, 6, 7)}
+    assert f"resume_from: {killed}" in (resumed / "config.yaml").read_text(), "saved as the absolute path"
+    assert read_summary(resumed)["resumed_from"] == str(killed / "checkpoint" / "step-4")
+
+    assert [r["step"] for r in read_metrics(killed)][-1] >= 5, "the killed run's records stay as they were"
+
+
+def _records(run_dir):
+    try:
+        return read_metrics(run_dir)
+    except (OSError, ValueError):  # not there yet, or a line being written
+        return []

@@ -2,7 +2,8 @@
 
 Re-merging onto the schema refuses keys added with ``+`` that the schema lacks (Hydra lets
 ``+key=`` through a structured config), and a group with a schema per option is typed by the
-option its discriminating key names (``backend.name``, ``launcher.name``).
+option its discriminating key names (``backend.name``, ``launcher.name``). Every numeric key is
+then checked against its range (``ranges.RANGES``).
 """
 
 from __future__ import annotations
@@ -10,15 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from qwen3_trn.config.composition import describe_value_problem
+from qwen3_trn.config.ranges import check_ranges
 from qwen3_trn.config.schema import OPTION_SCHEMAS, RunConfig
 from qwen3_trn.errors import ConfigError
-
-FIX = (
-    "Remove it or check the spelling (python -m qwen3_trn --cfg job lists every key); "
-    "torchtitan fields without a key here go under +titan.<path>=<value>."
-)
 
 
 def run_config_from_container(plain: dict[str, Any]) -> RunConfig:
@@ -30,17 +28,20 @@ def run_config_from_container(plain: dict[str, Any]) -> RunConfig:
             raise ConfigError(f"{group}.{key}", f"unknown {group} '{name}'; use one of {', '.join(options)} ({group}=<option>).")
         base[group] = OmegaConf.structured(options[name])
     try:
-        merged = OmegaConf.merge(base, plain)
-    except (ConfigKeyError, ValidationError) as exc:
-        key = getattr(exc, "full_key", None) or "config"
-        raise ConfigError(key, f"{str(exc).splitlines()[0]}. {FIX}") from None
-    except OmegaConfBaseException as exc:
-        raise ConfigError(getattr(exc, "full_key", None) or "config", str(exc).splitlines()[0]) from None
-    try:
-        return OmegaConf.to_object(merged)
+        typed = OmegaConf.to_object(OmegaConf.merge(base, plain))
     except MissingMandatoryValue as exc:
         raise ConfigError(exc.full_key or "config", "has no value; set it (e.g. model=<preset> chooses model.flavor).") from None
+    except OmegaConfBaseException as exc:
+        raise describe_value_problem(getattr(exc, "full_key", None) or "config", str(exc)) from None
+    check_ranges(typed)
+    return typed
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
-    return run_config_from_container(OmegaConf.to_container(cfg, resolve=True))
+    try:
+        plain = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as exc:  # e.g. ${oc.env:NAME} of a variable that is not set
+        raise ConfigError(
+            getattr(exc, "full_key", None) or "config", f"{str(exc).splitlines()[0]}; set what it refers to or give the value."
+        ) from None
+    return run_config_from_container(plain)

@@ -28,7 +28,7 @@ from torchtitan.hf_datasets import DatasetConfig
 from torchtitan.hf_datasets.text_datasets import DATASETS
 
 from qwen3_trn.config.schema import DataConfig
-from qwen3_trn.data.embedded import corpus_path, ensure_assets
+from qwen3_trn.data.embedded import corpus_path, ensure_assets, validation_corpus_path
 from qwen3_trn.errors import ConfigError
 
 # File suffix -> the `datasets` builder that reads it.
@@ -98,7 +98,7 @@ def _register(data: DataConfig, path: str | None, loader: Callable, column: str,
 def list_data_files(pattern: str) -> list[str]:
     candidate = Path(pattern).expanduser()
     if candidate.is_dir():
-        files = sorted(str(p) for p in candidate.rglob("*") if p.is_file() and _builder_of(str(p)))
+        files = sorted(str(p) for p in candidate.rglob("*") if p.is_file() and builder_of(str(p)))
     elif any(ch in pattern for ch in "*?["):
         files = sorted(glob.glob(str(candidate), recursive=True))
     else:
@@ -106,10 +106,38 @@ def list_data_files(pattern: str) -> list[str]:
     return files
 
 
-def _builder_of(file: str) -> str | None:
+def builder_of(file: str) -> str | None:
     """The builder for a file, looking through a compression suffix (``a.jsonl.gz``)."""
     uncompressed = file.removesuffix(".gz").removesuffix(".zst")
     return FILE_BUILDERS.get(Path(uncompressed).suffix)
+
+
+def local_data_files(pattern: str, key: str = "data.path") -> list[str]:
+    """The files ``pattern`` names, all of one kind the ``datasets`` library reads."""
+    files = list_data_files(pattern)
+    if not files:
+        raise ConfigError(
+            key,
+            f"'{pattern}' does not exist or matches no .jsonl/.json/.parquet/.txt file "
+            f"(looked from {Path.cwd()}); pass an existing file, directory or glob.",
+        )
+    builders = {builder_of(f) for f in files}
+    if None in builders:
+        unknown = next(f for f in files if builder_of(f) is None)
+        raise ConfigError(
+            key,
+            f"'{unknown}' is not a format data=files reads; use .jsonl, .json, .parquet or .txt files (optionally .gz or .zst compressed).",
+        )
+    if len(builders) != 1:
+        raise ConfigError(key, f"'{pattern}' mixes file types {sorted(builders)}; point it at one kind of file.")
+    return files
+
+
+def data_files(data: DataConfig) -> list[str]:
+    """The files of ``data=files``."""
+    if not data.path:
+        raise ConfigError("data.path", "data=files needs data.path=<file | directory | glob> of .jsonl/.json/.parquet/.txt files.")
+    return local_data_files(data.path)
 
 
 @dataclass(frozen=True)
@@ -121,25 +149,13 @@ class _Documents:
     column: str
 
 
-def _local_files(pattern: str, key: str, text_column: str, split: str) -> _Documents:
-    files = list_data_files(pattern)
-    if not files:
-        raise ConfigError(
-            key,
-            f"'{pattern}' does not exist or matches no .jsonl/.json/.parquet/.txt file "
-            f"(looked from {Path.cwd()}); pass an existing file, directory or glob.",
-        )
-    builders = {_builder_of(f) for f in files}
-    if len(builders) != 1 or None in builders:
-        raise ConfigError(key, f"'{pattern}' mixes file types {sorted(map(str, builders))}; point it at one kind of file.")
-    builder = builders.pop()
+def _local_files(files: list[str], text_column: str, split: str) -> _Documents:
+    builder = builder_of(files[0])
     return _Documents(None, lambda _path: _load_files(files, builder, split), "text" if builder == "text" else text_column)
 
 
 def _files_documents(data: DataConfig) -> _Documents:
-    if not data.path:
-        raise ConfigError("data.path", "data=files needs data.path=<file | directory | glob> of .jsonl/.json/.parquet/.txt files.")
-    return _local_files(data.path, "data.path", data.text_column, data.split)
+    return _local_files(data_files(data), data.text_column, data.split)
 
 
 def _hub_documents(data: DataConfig, split: str | None = None) -> _Documents:
@@ -210,11 +226,9 @@ def resolve_validation_dataset(data: DataConfig) -> ResolvedDataset:
     """The held-out split of the data source (see the module docstring)."""
     _check_source(data)
     if data.val_path:
-        docs = _local_files(data.val_path, "data.val_path", data.text_column, "train")
+        docs = _local_files(local_data_files(data.val_path, "data.val_path"), data.text_column, "train")
         return _register(data, None, docs.loader, docs.column, role="val")
     if data.source == "embedded":
-        from qwen3_trn.data.embedded import ensure_assets, validation_corpus_path
-
         corpus = str(validation_corpus_path(ensure_assets()))
         return _register(data, corpus, lambda path: _load_files([path], "json", "train"), "text", role="val")
     if data.source == "c4":

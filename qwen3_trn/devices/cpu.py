@@ -19,7 +19,7 @@ import torch
 from torchtitan.protocols.model_spec import ModelSpec
 
 from qwen3_trn.devices.cpu_allocator import retain_freed_memory
-from qwen3_trn.records import cache_dir
+from qwen3_trn.records import cache_dir, write_json_atomic
 
 _PROC_STATUS = Path("/proc/self/status")
 _PROC_CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -141,8 +141,7 @@ def measured_peak_flops(dtype_name: str) -> float:
     peak = 2 * n**3 * iters / elapsed
     known[key] = peak
     try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(known, indent=1))
+        write_json_atomic(cache, known)
     except OSError:
         pass
     return peak

@@ -29,10 +29,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torchtitan.components.checkpoint import MODEL, AsyncMode, CheckpointManager
+from torchtitan.components.checkpoint import MODEL, AsyncMode
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.tools.logging import logger
 
+from qwen3_trn.checkpointing import GuardedCheckpointManager
 from qwen3_trn.config.schema import CheckpointConfig
 from qwen3_trn.errors import ConfigError
 
@@ -110,7 +111,7 @@ def latest_hf_export(folder: str | Path | None) -> Path | None:
 
 
 @torch.no_grad()
-def save_hf_weights(checkpointer: CheckpointManager, folder: str | Path, dtype: str) -> None:
+def save_hf_weights(checkpointer: GuardedCheckpointManager, folder: str | Path, dtype: str) -> None:
     """The model's weights in ``dtype`` as HF safetensors in ``folder``, through the checkpointer's
     state-dict adapter and torchtitan's HF writer (collective: every rank calls it)."""
     target = TORCH_DTYPE_MAP[dtype]
@@ -130,9 +131,9 @@ def _barrier() -> None:
         dist.barrier()
 
 
-class HFExportCheckpointManager(CheckpointManager):
+class HFExportCheckpointManager(GuardedCheckpointManager):
     @dataclass(kw_only=True, slots=True)
-    class Config(CheckpointManager.Config):
+    class Config(GuardedCheckpointManager.Config):
         dcp: bool = True
         """DCP checkpoints (checkpoint.enable); False when ``enable`` is on for the HF export alone."""
 

@@ -21,11 +21,13 @@ from torchtitan.trainer import Trainer
 
 from qwen3_trn.config.schema import LauncherConfig, LocalLauncherConfig, RendezvousBackend
 from qwen3_trn.devices import resolve_device
+from qwen3_trn.errors import RunInterrupted
 from qwen3_trn.launch.base import LaunchDescription, Launcher
 from qwen3_trn.launch.packing import SLICE_BINDERS, DeviceSlots, default_lock_dir
 from qwen3_trn.layout import Layout
 from qwen3_trn.preflight import Prepared
 from qwen3_trn.records import CONFIG_FILE, DEVICE_SLICE_FILE, LOGS_DIR, RunStatus, write_json_atomic
+from qwen3_trn.redact import looks_secret, passed_env
 from qwen3_trn.worker import WorkerJob, run_worker
 
 
@@ -66,7 +68,8 @@ def torchrun_command(launcher: LauncherConfig, layout: Layout, config_path: Path
         "qwen3_trn.rank",
         str(config_path),
     ]
-    env = " ".join(f"{key}={shlex.quote(str(value))}" for key, value in launcher.env.items())
+    # Secret values are not printed: the line takes them from the environment it runs in.
+    env = " ".join(f'{key}="${key}"' if looks_secret(key) else f"{key}={shlex.quote(str(value))}" for key, value in launcher.env.items())
     return (env + " " if env else "") + " ".join(parts)
 
 
@@ -96,7 +99,7 @@ def start_node_ranks(
     launcher = job.cfg.launcher
     packing = device_slice(job, devices_per_job) if devices_per_job > 0 else nullcontext({})
     with packing as slice_env:
-        env = {**slice_env, **{key: str(value) for key, value in launcher.env.items()}}
+        env = {**slice_env, **passed_env(launcher.env)}
         if job.layout.world_size == 1:
             single_rank = {
                 "RANK": "0",
@@ -115,6 +118,7 @@ def start_node_ranks(
 
 def _elastic_launch(job: WorkerJob, env: dict[str, str], rdzv_backend: str) -> None:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     launcher = job.cfg.launcher
@@ -140,7 +144,10 @@ def _elastic_launch(job: WorkerJob, env: dict[str, str], rdzv_backend: str) -> N
         logs_specs=logs,
     )
     with environment(env):
-        elastic_launch(config, run_worker)(job)
+        try:
+            elastic_launch(config, run_worker)(job)
+        except SignalException as exc:  # the elastic agent stopped every rank on SIGINT/SIGTERM
+            raise RunInterrupted(exc.sigval) from None
 
 
 class LocalLauncher(Launcher):

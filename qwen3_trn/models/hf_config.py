@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from qwen3_trn.config.files import read_json_file
 from qwen3_trn.config.schema import ModelConfig
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.models.architecture import Qwen3Architecture
@@ -190,10 +191,7 @@ def load_hf_config(hf_model: str) -> dict[str, Any]:
                 f"'{hf_model}' is a local directory but holds no config.json; put the model's HF config.json "
                 "there (its `architectures` must name Qwen3ForCausalLM or Qwen3MoeForCausalLM), or pass a hub id.",
             )
-        try:
-            config = json.loads(config_file.read_text())
-        except ValueError as exc:
-            raise ConfigError(KEY, f"{config_file} is not valid JSON ({exc}); fix or replace that config.json.") from exc
+        config = read_json_file(config_file, KEY, "config.json")
     elif path.exists():
         raise ConfigError(KEY, f"'{hf_model}' is a file, not a directory; pass the directory that holds config.json, or a hub id.")
     else:

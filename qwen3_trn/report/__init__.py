@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qwen3_trn.records import write_text_atomic
 from qwen3_trn.report.runs import Collection, ReportError, RunData, collect
 
 __all__ = ["build_report", "Collection", "ReportError", "ReportResult", "RunData", "collect"]
@@ -75,7 +76,7 @@ def build_report(
         notes=notes,
         published=published,
     )
-    result.html.write_text(render_html(collection, plots, notes))
-    result.markdown.write_text(render_markdown(collection, plots, notes))
+    write_text_atomic(result.html, render_html(collection, plots, notes))
+    write_text_atomic(result.markdown, render_markdown(collection, plots, notes))
     write_csv(result.csv, collection)
     return result

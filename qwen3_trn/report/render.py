@@ -6,11 +6,13 @@ from __future__ import annotations
 import base64
 import csv
 import html
+import io
 import json
 import math
 from pathlib import Path
 from typing import Any
 
+from qwen3_trn.records import write_text_atomic
 from qwen3_trn.report.figures import Plot
 from qwen3_trn.report.figures import make_plots as _make_plots
 from qwen3_trn.report.runs import Collection
@@ -99,10 +101,11 @@ def _shown(name: str, value: Any) -> str:
 
 def write_csv(path: Path, collection: Collection) -> None:
     header, rows = table_rows(collection)
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        writer.writerows([["" if v is None else v for v in row] for row in rows])
+    handle = io.StringIO(newline="")
+    writer = csv.writer(handle)
+    writer.writerow(header)
+    writer.writerows([["" if v is None else v for v in row] for row in rows])
+    write_text_atomic(path, handle.getvalue())
 
 
 def _md_cell(text: str) -> str:

@@ -29,7 +29,7 @@ from torchtitan.trainer import Trainer
 from qwen3_trn.config.schema import Mode, RunConfig, SlurmLauncherConfig
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.launch.base import LaunchDescription, Launcher
-from qwen3_trn.launch.local import torchrun_command
+from qwen3_trn.launch.local import environment, torchrun_command
 from qwen3_trn.launch.slurm.job import SlurmTrainJob
 from qwen3_trn.launch.slurm.state import SlurmJobEnded, refresh_runs, wait_for_run, wait_for_runs
 from qwen3_trn.launch.slurm.submission import (
@@ -38,6 +38,7 @@ from qwen3_trn.launch.slurm.submission import (
     python_command,
     sbatch_parameters,
     sbatch_script,
+    secret_env,
     where,
 )
 from qwen3_trn.layout import Layout
@@ -107,7 +108,8 @@ class SlurmLauncher(Launcher):
         executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=self.config.max_requeues, python=python_command(cfg))
         executor.update_parameters(**sbatch_parameters(cfg, layout.nnodes))
         try:
-            submitted = executor.submit(SlurmTrainJob(str(run_dir)))
+            with environment(secret_env(cfg)):  # sbatch passes its environment on to the job
+                submitted = executor.submit(SlurmTrainJob(str(run_dir)))
         except submitit.core.utils.FailedJobError as exc:
             raise ConfigError("launcher", f"sbatch refused the job: {str(exc).strip()[-1500:]}") from None
         job_id = str(submitted.job_id)

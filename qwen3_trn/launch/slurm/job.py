@@ -31,6 +31,7 @@ from qwen3_trn.records import (
     summarize,
     update_summary,
 )
+from qwen3_trn.redact import passed_env
 from qwen3_trn.worker import WorkerJob
 
 
@@ -74,7 +75,7 @@ class SlurmTrainJob:
         os.environ[LAUNCH_TIME_ENV] = str(time.time())
         term = TermWatch()
         cfg = load_run_config(Path(self.run_dir) / CONFIG_FILE)
-        os.environ.update({key: str(value) for key, value in cfg.launcher.env.items()})
+        os.environ.update(passed_env(cfg.launcher.env))  # secrets came with the job's environment
         run_dir = Path(self.run_dir)
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         if lead:

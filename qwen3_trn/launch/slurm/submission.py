@@ -19,6 +19,7 @@ from typing import Any
 
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.redact import is_redacted, looks_secret
 
 COMMANDS = ("sbatch", "sinfo", "srun", "sacct", "squeue")
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
@@ -53,17 +54,7 @@ def time_minutes(value: Any) -> int:
 def check_config(cfg: RunConfig) -> None:
     """Checks of the launcher=slurm keys that need no cluster (also in mode=plan)."""
     launcher = cfg.launcher
-    time_minutes(launcher.time)
-    for key in ("cpus_per_task", "gpus_per_node"):
-        value = getattr(launcher, key)
-        if value is not None and value < 1:
-            raise ConfigError(f"launcher.{key}", f"must be >= 1 (or null for Slurm's default), got {value}.")
-    if launcher.mem_gb is not None and launcher.mem_gb <= 0:
-        raise ConfigError("launcher.mem_gb", f"must be > 0 (or null for Slurm's default), got {launcher.mem_gb}.")
-    if launcher.max_requeues < 0:
-        raise ConfigError("launcher.max_requeues", f"must be >= 0, got {launcher.max_requeues}.")
-    if launcher.signal_delay_s < 0:
-        raise ConfigError("launcher.signal_delay_s", f"must be >= 0, got {launcher.signal_delay_s}.")
+    time_minutes(launcher.time)  # numeric keys: qwen3_trn.config.ranges
     for key in launcher.env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key)):
             raise ConfigError("launcher.env", f"'{key}' is not a valid environment variable name.")
@@ -153,12 +144,20 @@ def setup_lines(cfg) -> list[str]:
     root = _project_root()
     if root is not None:
         lines.append(f"export PYTHONPATH={shlex.quote(str(root))}${{PYTHONPATH:+:$PYTHONPATH}}")
-    lines += [f"export {key}={shlex.quote(str(value))}" for key, value in cfg.launcher.env.items()]
+    for key, value in cfg.launcher.env.items():
+        # A secret is not written into the script: it reaches the job through the environment
+        # sbatch passes on (its default --export=ALL; see secret_env).
+        lines.append(f"# {key}: from the submitting environment" if looks_secret(key) else f"export {key}={shlex.quote(str(value))}")
     lines += [
         "# a requeued job continues its wandb run (same id, from tracking.json)",
         "export WANDB_RESUME=allow",
     ]
     return lines
+
+
+def secret_env(cfg) -> dict[str, str]:
+    """The secret ``launcher.env`` values, for the environment of the ``sbatch`` call."""
+    return {key: str(value) for key, value in cfg.launcher.env.items() if looks_secret(key) and not is_redacted(value)}
 
 
 def _mem(mem_gb: float) -> str:

@@ -1,0 +1,157 @@
+"""The valid range of every numeric key, declared once next to the schema.
+
+``RANGES`` maps a dotted key to its ``Range``; a bound is a number or another key (``le=
+"training.steps"``). ``check_ranges`` runs whenever a config is typed (``typed.py``), so a
+value out of range is a ``ConfigError`` naming the key, the bound and the default before
+anything is prepared. Keys of an option the run does not use (``launcher.partition`` with
+``launcher=local``) and unset optional keys (None) are not checked.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+from qwen3_trn.config.schema import RunConfig
+from qwen3_trn.errors import ConfigError
+
+Bound = float | str | None
+
+_COMPARE = {"ge": (operator.ge, ">="), "gt": (operator.gt, ">"), "le": (operator.le, "<="), "lt": (operator.lt, "<")}
+
+
+@dataclass(frozen=True)
+class Range:
+    ge: Bound = None
+    gt: Bound = None
+    le: Bound = None
+    lt: Bound = None
+    # Values accepted outside the bounds, and what they mean ("-1: the rest").
+    allow: tuple[Any, ...] = ()
+    exclude: tuple[Any, ...] = ()
+    note: str = ""
+
+    def bounds(self) -> list[tuple[str, Bound]]:
+        return [(name, getattr(self, name)) for name in _COMPARE if getattr(self, name) is not None]
+
+
+def _degree(what: str) -> Range:
+    return Range(ge=1, allow=(-1,), note=f"-1: {what}")
+
+
+POSITIVE = Range(ge=1)
+NON_NEGATIVE = Range(ge=0)
+FRACTION = Range(ge=0, le=1)
+
+RANGES: dict[str, Range] = {
+    **{
+        f"model.{key}": POSITIVE
+        for key in (
+            "n_layers",
+            "dim",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "hidden_dim",
+            "vocab_size",
+            "max_seq_len",
+            "num_experts",
+            "top_k",
+            "moe_hidden_dim",
+        )
+    },
+    "model.rope_theta": Range(gt=0),
+    **{f"parallelism.{key}": _degree("whatever is left of the world size") for key in ("dp_replicate", "dp_shard", "tp", "pp", "cp")},
+    "parallelism.ep": POSITIVE,
+    "parallelism.pp_microbatch_size": POSITIVE,
+    "data.num_workers": NON_NEGATIVE,
+    "data.val_fraction": Range(gt=0, lt=1, note="the held-out share; or give data.val_path, or validation=off"),
+    "validation.interval": Range(ge=1, note="validate every n steps; or validation=off"),
+    "validation.steps": Range(ge=1, allow=(-1,), note="-1: the whole held-out split"),
+    "validation.local_batch_size": POSITIVE,
+    "validation.seq_len": POSITIVE,
+    "checkpoint.hf_interval": Range(ge=0, note="0: export at the last step only"),
+    "device.memory_gib": Range(gt=0),
+    "training.steps": POSITIVE,
+    "training.local_batch_size": POSITIVE,
+    "training.global_batch_size": _degree("local_batch_size x the data-parallel degree"),
+    "training.seq_len": POSITIVE,
+    "training.max_norm": Range(gt=0),
+    "training.seed": NON_NEGATIVE,
+    "training.gc_freq": POSITIVE,
+    "optimizer.lr": Range(gt=0),
+    "optimizer.weight_decay": NON_NEGATIVE,
+    "optimizer.beta1": Range(ge=0, lt=1),
+    "optimizer.beta2": Range(ge=0, lt=1),
+    "optimizer.eps": Range(gt=0),
+    "optimizer.warmup_steps": Range(ge=0, le="training.steps", note="warm-up is part of training.steps"),
+    "optimizer.decay_ratio": FRACTION,
+    "optimizer.min_lr_factor": FRACTION,
+    "checkpoint.interval": POSITIVE,
+    "checkpoint.keep_latest_k": Range(ge=0, exclude=(1,), note="0 keeps all; torchtitan keeps at least 2, as the newest may be mid-save"),
+    "checkpoint.load_step": Range(ge=0, allow=(-1,), note="-1: the latest"),
+    "logger.log_freq": POSITIVE,
+    "launcher.nnodes": POSITIVE,
+    "launcher.nproc_per_node": _degree("one rank per device"),
+    "launcher.max_restarts": NON_NEGATIVE,
+    "launcher.devices_per_job": Range(ge=0, note="0: no device packing"),
+    "launcher.cpus_per_task": POSITIVE,
+    "launcher.gpus_per_node": POSITIVE,
+    "launcher.mem_gb": Range(gt=0),
+    "launcher.signal_delay_s": NON_NEGATIVE,
+    "launcher.max_requeues": NON_NEGATIVE,
+}
+
+_MISSING = object()
+
+
+def lookup(cfg: Any, key: str) -> Any:
+    """The value of a dotted key on a typed config, or ``_MISSING`` when the chosen option has no such key."""
+    node = cfg
+    for part in key.split("."):
+        node = getattr(node, part, _MISSING)
+        if node is _MISSING:
+            return _MISSING
+    return node
+
+
+def _default(key: str) -> Any:
+    return lookup(RunConfig(output_dir=""), key)
+
+
+def violation(key: str, rule: Range, value: Any, cfg: Any) -> str | None:
+    """Why ``value`` is out of ``rule``'s range (None when it is in range)."""
+    if value in rule.allow:
+        return None
+    if value in rule.exclude:
+        return f"{value!r} is not allowed"
+    for name, bound in rule.bounds():
+        compare, symbol = _COMPARE[name]
+        limit = lookup(cfg, bound) if isinstance(bound, str) else bound
+        if limit is _MISSING or limit is None:
+            continue
+        if not compare(value, limit):
+            shown = f"{bound} ({limit})" if isinstance(bound, str) else f"{limit:g}"
+            return f"must be {symbol} {shown}, got {value!r}"
+    return None
+
+
+def describe(rule: Range) -> str:
+    parts = [
+        f"{_COMPARE[name][1]} {bound}" if isinstance(bound, str) else f"{_COMPARE[name][1]} {bound:g}" for name, bound in rule.bounds()
+    ]
+    return " and ".join(parts) + (f" ({rule.note})" if rule.note else "")
+
+
+def check_ranges(cfg: Any) -> None:
+    """ConfigError for the first key of ``RANGES`` whose value is out of range."""
+    for key, rule in RANGES.items():
+        value = lookup(cfg, key)
+        if value is _MISSING or value is None or isinstance(value, bool):
+            continue
+        problem = violation(key, rule, value, cfg)
+        if problem:
+            default = _default(key)
+            hint = f" (the default is {default})" if default not in (_MISSING, None) else ""
+            raise ConfigError(key, f"{problem}; valid: {describe(rule)}{hint}.")

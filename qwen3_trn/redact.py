@@ -1,0 +1,145 @@
+"""Secrets never reach a file: values of secret-looking environment variables are redacted.
+
+A variable looks secret when its name contains TOKEN, KEY, SECRET, PASSWORD, PASSWD, CREDENTIAL
+or PRIVATE (``WANDB_API_KEY``, ``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``). Such values, from this
+process's environment or from ``launcher.env``, still reach the ranks and Slurm jobs through
+their environment; in what the project writes they are replaced:
+
+- structurally: ``launcher.env`` entries (and any config leaf) with a secret-looking name and
+  ``key=value`` overrides of such keys read ``<redacted>``;
+- by value, as a last guard in every writer of ``qwen3_trn.records`` and in the rank logs: any
+  known secret value (8 characters or more, and not a path that exists) found in the text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import sys
+from typing import Any, Iterable, Mapping
+
+REDACTED = "<redacted>"
+SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|PRIVATE", re.IGNORECASE)
+# Shorter values are left alone by the value scrub (they would match ordinary text); the
+# structural redaction covers them.
+MIN_SCRUBBED_LENGTH = 8
+
+_registered: set[str] = set()
+
+
+def looks_secret(name: str) -> bool:
+    return bool(SECRET_NAME.search(str(name)))
+
+
+def is_redacted(value: Any) -> bool:
+    return value == REDACTED
+
+
+def redact_env(env: Mapping[str, Any]) -> dict[str, Any]:
+    """``env`` with the values of secret-looking names replaced by ``<redacted>``."""
+    return {key: REDACTED if looks_secret(key) else value for key, value in env.items()}
+
+
+def passed_env(env: Mapping[str, Any]) -> dict[str, str]:
+    """What a process exports of a (saved) ``launcher.env``: redacted entries are left out,
+    their values come with the environment the process was started in."""
+    return {str(key): str(value) for key, value in env.items() if not is_redacted(value)}
+
+
+def redact_tree(node: Any) -> Any:
+    """A plain config tree (dicts and lists) with every leaf under a secret-looking key redacted."""
+    if isinstance(node, dict):
+        return {
+            k: (REDACTED if looks_secret(k) and not isinstance(v, (dict, list)) and v is not None else redact_tree(v))
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [redact_tree(v) for v in node]
+    return node
+
+
+def redact_dump(node: Any) -> Any:
+    """A dumped config or override list (Hydra's own files): secret keys and ``key=value``
+    strings of secret keys redacted."""
+    node = redact_tree(node)
+    if isinstance(node, dict):
+        return {k: redact_dump(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [redact_dump(v) for v in node]
+    return redact_override(node) if isinstance(node, str) else node
+
+
+def redact_override(override: str) -> str:
+    """``+launcher.env.HF_TOKEN=hf_x`` -> ``+launcher.env.HF_TOKEN=<redacted>``."""
+    key, sep, _ = str(override).partition("=")
+    if sep and looks_secret(key.lstrip("+~").rsplit(".", 1)[-1]):
+        return f"{key}={REDACTED}"
+    return str(override)
+
+
+def redact_overrides(overrides: Iterable[str]) -> list[str]:
+    return [redact_override(o) for o in overrides]
+
+
+def redact_argv() -> None:
+    """This process's ``sys.argv`` with secret overrides redacted, once the command line has
+    been parsed: libraries that record it (wandb's run metadata) then never see the values."""
+    sys.argv[1:] = redact_overrides(sys.argv[1:])
+
+
+def remember(values: Iterable[Any]) -> None:
+    """Values to scrub besides the environment's (``launcher.env`` values of this run)."""
+    _registered.update(str(v) for v in values if v is not None and not is_redacted(v))
+
+
+def remember_env(env: Mapping[str, Any]) -> None:
+    remember(value for key, value in env.items() if looks_secret(key))
+
+
+def _scrubbable(value: str) -> bool:
+    return len(value) >= MIN_SCRUBBED_LENGTH and not os.path.exists(value)
+
+
+def secret_values() -> list[str]:
+    """Every known secret value, longest first."""
+    values = {v for k, v in os.environ.items() if looks_secret(k)} | _registered
+    return sorted((v for v in values if _scrubbable(v)), key=len, reverse=True)
+
+
+def _forms(value: str) -> set[str]:
+    """The value as it appears in text, JSON strings and shell words."""
+    return {value, json.dumps(value)[1:-1], shlex.quote(value)}
+
+
+def scrub(text: str) -> str:
+    """``text`` with every known secret value replaced by ``<redacted>``."""
+    for value in secret_values():
+        for form in _forms(value):
+            if form and form in text:
+                text = text.replace(form, REDACTED)
+    return text
+
+
+class RedactingFormatter(logging.Formatter):
+    """A log formatter whose lines never carry a secret value."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return scrub(super().format(record))
+
+
+class RedactingFilter(logging.Filter):
+    """A handler filter that scrubs the messages of other libraries' loggers (Hydra's job
+    launch lines list every override)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = scrub(record.getMessage()), ()
+        return True
+
+
+def redact_log_handlers(logger: logging.Logger | None = None) -> None:
+    for handler in (logger or logging.getLogger()).handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())

@@ -1,0 +1,327 @@
+"""Bad input, generated from the schema and its ranges, plus the user's files: each case ends
+with exit status 2 before any worker starts, no traceback, the key or file named, and no run
+directory written.
+
+The cases run in this process (Hydra's compose and the app's task function under the CLI's
+exit-code contract, ``tests.conftest.run_in_process``); ``tests/test_errors.py`` runs a few
+as real ``python -m qwen3_trn`` processes to prove the exit status end to end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from enum import Enum
+from pathlib import Path
+
+import pytest
+
+from qwen3_trn.config.ranges import RANGES, Range
+from qwen3_trn.config.schema import OPTION_SCHEMAS, RunConfig
+from qwen3_trn.data.embedded import tokenizer_dir
+from qwen3_trn.redact import looks_secret
+from tests.conftest import run_in_process
+
+# Keys set by the command itself, not by users.
+NOT_USER_KEYS = {"output_dir"}
+
+
+def _base(hint):
+    """``int`` of ``Optional[int]``."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
+
+
+def schema_leaves():
+    """(dotted key, type, the overrides that select its option) of every user key of the schema."""
+
+    def walk(cls, prefix, select):
+        for f in dataclasses.fields(cls):
+            hint = _base(typing.get_type_hints(cls)[f.name])
+            key = f"{prefix}{f.name}"
+            if dataclasses.is_dataclass(hint):
+                yield from walk(hint, f"{key}.", select)
+            elif key not in NOT_USER_KEYS:
+                yield key, hint, select
+
+    for f in dataclasses.fields(RunConfig):
+        hint = typing.get_type_hints(RunConfig)[f.name]
+        if f.name in OPTION_SCHEMAS:
+            name_key, options = OPTION_SCHEMAS[f.name]
+            seen = set()
+            for option, cls in options.items():
+                for key, leaf_hint, select in walk(cls, f"{f.name}.", [f"{f.name}={option}"]):
+                    if key not in seen:
+                        seen.add(key)
+                        yield key, leaf_hint, select
+        elif dataclasses.is_dataclass(hint):
+            yield from walk(hint, f"{f.name}.", [])
+        elif f.name not in NOT_USER_KEYS:
+            yield f.name, _base(hint), []
+
+
+def wrong_type(hint) -> str | None:
+    origin = typing.get_origin(hint)
+    if origin is list:
+        return "5"
+    if origin is dict:
+        return "5"
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        return "[1]"
+    return {int: "abc", float: "abc", bool: "maybe", str: "{a: 1}"}.get(hint)
+
+
+def out_of_range(rule: Range, steps: int = 40) -> list:
+    values = []
+    for name, bound in rule.bounds():
+        limit = steps if bound == "training.steps" else bound
+        candidate = {"ge": limit - 1, "gt": limit, "le": limit + 1 if isinstance(limit, int) else limit + 0.5, "lt": limit}[name]
+        while candidate in rule.allow:
+            candidate -= 1
+        values.append(candidate)
+    return values + list(rule.exclude)
+
+
+def _select(key: str) -> list[str]:
+    return next((select for leaf, _, select in schema_leaves() if leaf == key), [])
+
+
+def generated_cases():
+    for key, hint, select in schema_leaves():
+        value = wrong_type(hint)
+        if value is not None:
+            yield pytest.param([*select, f"{key}={value}"], key, id=f"type-{key}")
+        choice = typing.get_args(hint)[0] if typing.get_origin(hint) is list else hint
+        if isinstance(choice, type) and issubclass(choice, Enum):
+            bogus = "[bogus]" if typing.get_origin(hint) is list else "bogus"
+            yield pytest.param([*select, f"{key}={bogus}"], key, id=f"option-{key}")
+    for key, rule in RANGES.items():
+        for value in out_of_range(rule):
+            yield pytest.param([*_select(key), f"{key}={value}"], key, id=f"range-{key}={value}")
+
+
+GENERATED = list(generated_cases())
+
+
+def assert_refused(code: int, stderr: str, named: str, run_dir: Path) -> None:
+    assert code == 2, f"exit {code}\n{stderr[-3000:]}"
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert named in stderr, stderr[-3000:]
+    assert stderr.startswith("error: ") and stderr.count("\nerror: ") == 0, stderr
+    assert not run_dir.exists(), "nothing may be written (no worker started) before the input is valid"
+
+
+def test_the_suite_covers_the_schema():
+    assert len(GENERATED) >= 80, len(GENERATED)
+    kinds = {p.id.split("-", 1)[0] for p in GENERATED}
+    assert kinds == {"type", "option", "range"}
+    # every numeric key of the schema has a declared range
+    numeric = {key for key, hint, _ in schema_leaves() if hint in (int, float)}
+    unranged = numeric - set(RANGES)
+    assert not unranged, f"numeric keys without a range in qwen3_trn/config/ranges.py: {sorted(unranged)}"
+    # no key of the schema would itself be redacted as a secret
+    assert not [key for key, _, _ in schema_leaves() if looks_secret(key.rsplit(".", 1)[-1])]
+
+
+@pytest.mark.parametrize("overrides,key", GENERATED)
+def test_generated_bad_value(overrides, key, tmp_path):
+    run_dir = tmp_path / "run"
+    code, stderr = run_in_process(overrides, run_dir)
+    assert_refused(code, stderr, key, run_dir)
+
+
+# --------------------------------------------------------------------------------------------
+# The user's files
+
+
+def _write(path: Path, content: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
+    return path
+
+
+BINARY = bytes(range(256)) * 16
+
+CONFIG_DIR_CASES = {
+    # file under --config-dir, its content, the override that picks it, what the error names
+    "malformed-yaml": (
+        "optimizer/mine.yaml",
+        "lr: [1,\n  2\n",
+        "optimizer=mine",
+        ["optimizer/mine.yaml, line 3, column 1", "malformed YAML"],
+    ),
+    "unknown-key": (
+        "optimizer/mine.yaml",
+        "lr: 0.01\nlrr: 1\n",
+        "optimizer=mine",
+        ["optimizer.lrr", "optimizer/mine.yaml, line 2, column 1", "did you mean lr"],
+    ),
+    "wrong-type": (
+        "training/mine.yaml",
+        "steps: lots\n",
+        "training=mine",
+        ["training.steps", "training/mine.yaml, line 1, column 1", "not an integer"],
+    ),
+    "unknown-option": (
+        "model/mine.yaml",
+        "flavor: debugmodel\nattention: fastest\n",
+        "model=mine",
+        ["model.attention", "model/mine.yaml", "use one of auto, sdpa"],
+    ),
+    "experiment-nested-key": (
+        "experiment/mine.yaml",
+        "# @package _global_\ntraining:\n  stepz: 3\n",
+        "experiment=mine",
+        ["training.stepz", "experiment/mine.yaml, line 3, column 3"],
+    ),
+    "out-of-range": ("optimizer/mine.yaml", "lr: -0.5\n", "optimizer=mine", ["optimizer.lr", "must be > 0"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_DIR_CASES), ids=list(CONFIG_DIR_CASES))
+def test_config_dir_file(case, tmp_path):
+    name, content, choose, named = CONFIG_DIR_CASES[case]
+    config_dir = tmp_path / "conf"
+    _write(config_dir / name, content)
+    code, stderr = run_in_process([choose], tmp_path / "run", config_dir=config_dir)
+    for needle in named:
+        assert_refused(code, stderr, needle, tmp_path / "run")
+
+
+def _jsonl(rows) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+DATA_CASES = {
+    # file name, content, extra overrides, what the error names
+    "missing-path": (None, None, [], ["data.path", "does not exist"]),
+    "empty": ("empty.jsonl", "", [], ["data.path", "is empty"]),
+    "binary-jsonl": ("blob.jsonl", BINARY, [], ["data.path", "blob.jsonl is not text", "not UTF-8"]),
+    "binary-txt": ("blob.txt", BINARY, [], ["data.path", "blob.txt is not text"]),
+    "gzip-not-gzip": ("blob.jsonl.gz", BINARY, [], ["data.path", "blob.jsonl.gz"]),
+    "broken-json-line": (
+        "broken.jsonl",
+        '{"text": "a"}\n{"text": \n',
+        [],
+        ["data.path", "broken.jsonl, line 2, column 10", "not valid JSON"],
+    ),
+    "json-array-broken": ("broken.json", '[{"text": "a"}, {"text" "b"}]', [], ["data.path", "broken.json, line 1, column 25"]),
+    "not-parquet": ("blob.parquet", BINARY, [], ["data.path", "parquet", "blob.parquet"]),
+    "unreadable-format": ("table.csv", "text\nhello\n", [], ["data.path", "table.csv' is not a format data=files reads"]),
+    "missing-text-column": (
+        "body.jsonl",
+        _jsonl([{"body": "a", "id": 1}] * 3),
+        [],
+        ["data.text_column", "'text' is not a column", "body, id"],
+    ),
+    "wrong-text-column": (
+        "body.jsonl",
+        _jsonl([{"body": "a"}] * 3),
+        ["data.text_column=content"],
+        ["data.text_column", "'content' is not a column"],
+    ),
+    "non-text-column": ("nums.jsonl", _jsonl([{"text": 5}] * 3), [], ["data.text_column", "holds int values"]),
+    "no-path-given": ("", None, [], ["data.path", "needs data.path"]),
+}
+
+
+@pytest.mark.parametrize("case", list(DATA_CASES), ids=list(DATA_CASES))
+def test_data_file(case, tmp_path):
+    name, content, extra, named = DATA_CASES[case]
+    path = _write(tmp_path / "data" / name, content) if name else tmp_path / "data" / "absent.jsonl"
+    given = [] if name == "" else [f"data.path={path}"]
+    code, stderr = run_in_process(["data=files", *given, *extra], tmp_path / "run")
+    for needle in named:
+        assert_refused(code, stderr, needle, tmp_path / "run")
+
+
+def _assets(tmp_path: Path, **files: str | bytes) -> Path:
+    """A copy of the shipped tokenizer directory with some files replaced."""
+    target = tmp_path / "assets"
+    target.mkdir()
+    for source in tokenizer_dir().iterdir():
+        (target / source.name).write_bytes(source.read_bytes())
+    for name, content in files.items():
+        _write(target / name.replace("__", "."), content)
+    return target
+
+
+TOKENIZER_CASES = {
+    "tokenizer-json-malformed": (
+        {"tokenizer__json": '{"model": {"vocab": {"a": 1,}}}'},
+        [],
+        ["model.hf_assets_path", "tokenizer.json, line 1, column 29"],
+    ),
+    "tokenizer-json-binary": ({"tokenizer__json": BINARY}, [], ["model.hf_assets_path", "tokenizer.json is not text"]),
+    "tokenizer-json-not-a-tokenizer": (
+        {"tokenizer__json": '{"model": 5}'},
+        [],
+        ["model.hf_assets_path", "torchtitan cannot load the tokenizer"],
+    ),
+    "tokenizer-config-malformed": ({"tokenizer_config__json": "{'bos_token': 1}"}, [], ["tokenizer_config.json, line 1, column 2"]),
+    "config-json-disagrees": ({"config__json": json.dumps({"vocab_size": 100})}, [], ["config.json says vocab_size 100"]),
+    "vocab-larger-than-model": ({}, ["model.vocab_size=100"], ["model.vocab_size", "has 2048 tokens"]),
+}
+
+
+@pytest.mark.parametrize("case", list(TOKENIZER_CASES), ids=list(TOKENIZER_CASES))
+def test_tokenizer_file(case, tmp_path):
+    files, extra, named = TOKENIZER_CASES[case]
+    assets = _assets(tmp_path, **files)
+    code, stderr = run_in_process([f"model.hf_assets_path={assets}", *extra], tmp_path / "run")
+    for needle in named:
+        assert_refused(code, stderr, needle, tmp_path / "run")
+
+
+def test_tokenizer_directory_missing(tmp_path):
+    code, stderr = run_in_process([f"model.hf_assets_path={tmp_path / 'nothing'}"], tmp_path / "run")
+    assert_refused(code, stderr, "model.hf_assets_path", tmp_path / "run")
+
+
+def test_hf_model_config_json_malformed(tmp_path):
+    model = _write(tmp_path / "hf" / "config.json", '{"architectures": ["Qwen3ForCausalLM"],\n "vocab_size": }').parent
+    code, stderr = run_in_process(["backend=hf_v5", f"model.hf_model={model}"], tmp_path / "run")
+    assert_refused(code, stderr, "config.json, line 2, column 16", tmp_path / "run")
+
+
+def test_resume_from_without_a_complete_checkpoint(tmp_path):
+    old = tmp_path / "old"
+    (old / "checkpoint" / "step-4").mkdir(parents=True)
+    (old / "checkpoint" / "step-4" / "__0_0.distcp").write_bytes(b"partial")
+    code, stderr = run_in_process([f"checkpoint.resume_from={old}"], tmp_path / "run")
+    assert_refused(code, stderr, "step-4 has no .metadata", tmp_path / "run")
+    code, stderr = run_in_process([f"checkpoint.resume_from={old / 'checkpoint' / 'step-4'}"], tmp_path / "run")
+    assert_refused(code, stderr, "is incomplete", tmp_path / "run")
+    code, stderr = run_in_process([f"checkpoint.resume_from={tmp_path / 'never'}"], tmp_path / "run")
+    assert_refused(code, stderr, "holds no step-N checkpoint", tmp_path / "run")
+
+
+def test_relative_paths_resolve_against_the_working_directory(tmp_path, monkeypatch):
+    """A relative path names a file under the directory the command ran in (the error shows
+    the absolute path it looked at)."""
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path / "corpus" / "body.jsonl", _jsonl([{"body": "x"}] * 2))
+    code, stderr = run_in_process(["data=files", "data.path=corpus/body.jsonl"], tmp_path / "run")
+    assert_refused(code, stderr, f"{tmp_path}/corpus/body.jsonl", tmp_path / "run")
+    code, stderr = run_in_process(["checkpoint.resume_from=runs/old"], tmp_path / "run")
+    assert_refused(code, stderr, f"{tmp_path}/runs/old", tmp_path / "run")
+
+
+COMPOSITION_CASES = {
+    "unknown-group-option": (["model=nonexistent"], ["model", "Available options in 'model'"]),
+    "unknown-key": (["model.n_layerz=2"], ["model.n_layerz", "did you mean n_layers"]),
+    "unknown-key-added": (["+training.foo=1"], ["training.foo"]),
+    "key-of-another-option": (["launcher.partition=cpu"], ["launcher.partition", "belongs to launcher=slurm"]),
+    "ambiguous-list": (["training.steps=1,2"], ["training.steps", "to sweep over it add -m"]),
+    "unparsable-override": (["training.steps=["], ["training.steps", "cannot parse the override"]),
+    "env-var-unset": (["run_name=${oc.env:QWEN3_TRN_TEST_UNSET_VARIABLE}"], ["run_name", "QWEN3_TRN_TEST_UNSET_VARIABLE"]),
+}
+
+
+@pytest.mark.parametrize("case", list(COMPOSITION_CASES), ids=list(COMPOSITION_CASES))
+def test_composition_error(case, tmp_path):
+    args, named = COMPOSITION_CASES[case]
+    code, stderr = run_in_process(args, tmp_path / "run")
+    for needle in named:
+        assert_refused(code, stderr, needle, tmp_path / "run")
