@@ -19,10 +19,13 @@ from qwen3_trn.records import TRACEBACK_ENV
 
 register_schema()
 
+# An absolute path: Hydra then searches the directory itself. A relative one is looked up as
+# the package ``qwen3_trn.conf`` when the entry point is the installed ``qwen3-trn`` script,
+# which Hydra refuses without an __init__.py in conf/.
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
     run(cfg)
 

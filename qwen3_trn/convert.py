@@ -20,7 +20,7 @@ from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 from torchtitan.trainer import Trainer
 
-from qwen3_trn.backends import get_backend
+from qwen3_trn.backends import build_backend
 from qwen3_trn.checkpointing import ResumePoint, find_resume_point
 from qwen3_trn.config.schema import CheckpointConfig, LoggerBackend, RunConfig
 from qwen3_trn.config.titan_overrides import apply_titan_overrides
@@ -37,7 +37,7 @@ ACTIVATION_CHECKPOINTING = {"none": lambda: None, "selective": SelectiveAC.Confi
 
 
 def architecture(cfg: RunConfig) -> Qwen3Architecture:
-    return get_backend(cfg.backend.name).architecture(cfg)
+    return build_backend(cfg.backend).architecture(cfg)
 
 
 def tokenizer_path(cfg: RunConfig) -> str:
@@ -89,7 +89,7 @@ def _checkpoint(cfg: RunConfig, arch: Qwen3Architecture) -> HFExportCheckpointMa
         hf_export=ckpt.hf_export,
         hf_interval=ckpt.hf_interval,
         hf_folder=ckpt.hf_folder,
-        hf_config=get_backend(cfg.backend.name).hf_config(cfg, arch) if ckpt.hf_export else {},
+        hf_config=build_backend(cfg.backend).hf_config(cfg, arch) if ckpt.hf_export else {},
         tokenizer_dir=tokenizer_path(cfg),
     )
 
@@ -123,12 +123,12 @@ def run_info(cfg: RunConfig, device: DeviceSpec, layout: Layout, arch: Qwen3Arch
         "layout": layout.describe(),
         "seed": cfg.training.seed,
         "run_dir": cfg.output_dir,
-        **get_backend(cfg.backend.name).run_info(cfg, arch, device),
+        **build_backend(cfg.backend).run_info(cfg, arch, device),
     }
 
 
 def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Trainer.Config:
-    backend = get_backend(cfg.backend.name)
+    backend = build_backend(cfg.backend)
     arch = architecture(cfg)
     model_spec = device.adapt_model_spec(backend.model_spec(cfg, arch, device))
     dataset = resolve_dataset(cfg.data)

@@ -26,7 +26,7 @@ from typing import Any
 import torch.distributed as dist
 from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor, _get_metrics_rank
 
-from qwen3_trn.backends import get_backend
+from qwen3_trn.backends import backend_named
 from qwen3_trn.hf.export import latest_hf_export
 from qwen3_trn.records import LAUNCH_TIME_ENV, METRICS_FILE, summarize, write_metrics_summary
 from qwen3_trn.tracking import start_wandb
@@ -266,7 +266,7 @@ class RunMetricsProcessor(MetricsProcessor):
         facts.setdefault("compute_dtype", facts["param_dtype"])
         backend = self.config.run_info.get("backend")
         if backend:
-            facts.update(get_backend(backend).what_ran(parts, first.device.type))
+            facts.update(backend_named(backend).what_ran(parts, first.device.type))
         return facts
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from torchtitan.trainer import Trainer
 
 from qwen3_trn import fit
-from qwen3_trn.backends import get_backend
+from qwen3_trn.backends import build_backend
 from qwen3_trn.config.schema import LocalLauncherConfig, Mode, RunConfig
 from qwen3_trn.convert import architecture, to_trainer_config
 from qwen3_trn.devices import DEVICES, DeviceSpec, planned_device, probe_device, resolve_device
@@ -113,7 +113,7 @@ def resolve(cfg: RunConfig, ranks_here: bool = True) -> Resolved:
     """The device, layout and architecture of the run, checked. ``ranks_here`` is False when
     the launcher starts the ranks on other machines (a Slurm cluster): the device is then
     planned for rather than probed here."""
-    backend = get_backend(cfg.backend.name)
+    backend = build_backend(cfg.backend)
     device = _device(cfg, ranks_here)
     _check_compile(cfg, device)
     layout = resolve_layout(cfg.parallelism, cfg.launcher.nnodes, _nproc_per_node(cfg, device, ranks_here))

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torchtitan.trainer import Trainer
 
-from qwen3_trn.backends import get_backend
+from qwen3_trn.backends import build_backend
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.convert import compute_dtype, to_trainer_config
 from qwen3_trn.devices import DeviceSpec, resolve_device
@@ -60,7 +60,7 @@ def build_trainer(
     this process) and instantiated. ``fake_backend`` builds it on torchtitan's fake
     collectives (rank 0 of a planned world, nothing trained)."""
     device.activate(compute_dtype(cfg, device))
-    get_backend(cfg.backend.name).prepare_process(cfg, device)
+    build_backend(cfg.backend).prepare_process(cfg, device)
     if trainer_config is None:
         trainer_config = to_trainer_config(cfg, device, layout)
     if fake_backend:

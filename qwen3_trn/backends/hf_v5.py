@@ -16,7 +16,7 @@ from typing import Any, Callable, get_args
 from torchtitan.protocols.model_spec import ModelSpec
 
 from qwen3_trn.backends.base import Backend, flavor_architecture
-from qwen3_trn.config.schema import RunConfig
+from qwen3_trn.config.schema import HfV5BackendConfig, RunConfig
 from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.hf.checkpoint import check_hf_checkpoint
@@ -134,7 +134,7 @@ def use_causal_sdpa_attention_on_cpu(model_config: Any | None = None, paralleliz
 # --------------------------------------------------------------------------------------------
 
 
-def build_model_config(cfg: RunConfig, arch: Qwen3Architecture):
+def titan_hf_model_config(arch: Qwen3Architecture, experts_implementation: str | None = None):
     """torchtitan's ``HFTransformerModel.Config`` for the architecture: every size comes from
     the HF config.json (no flavor overrides), only the MoE kernel choice is set here."""
     from torchtitan.experiments.transformers_modeling_backend import (
@@ -145,103 +145,95 @@ def build_model_config(cfg: RunConfig, arch: Qwen3Architecture):
 
     if arch.is_moe:
         titan = TitanMoeModelConfig()
-        if cfg.backend.hf_experts_implementation:
-            titan.experts_implementation = cfg.backend.hf_experts_implementation
+        if experts_implementation:
+            titan.experts_implementation = experts_implementation
     else:
         titan = TitanModelConfig()
     return HFTransformerModel.Config(model_config=titan)
 
 
-def model_spec(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> ModelSpec:
-    from torchtitan.components.optimizer import register_moe_load_balancing_hook
-    from torchtitan.experiments.transformers_modeling_backend.parallelize import parallelize_hf_transformers
-    from torchtitan.experiments.transformers_modeling_backend.pipeline import pipeline_hf_transformers
+class HfV5Backend(Backend):
+    Config = HfV5BackendConfig
+    description = "Qwen3 built by Hugging Face Transformers v5 in torchtitan's transformers_modeling_backend"
+    config: HfV5BackendConfig
 
-    config = build_model_config(cfg, arch)
-    parallelize = parallelize_keeping_tied_embeddings(parallelize_hf_transformers)
-    if device.type == "cpu":
-        parallelize = use_causal_sdpa_attention_on_cpu(config, parallelize)
-    return ModelSpec(
-        name="transformers_modeling_backend",
-        flavor=hf_architecture_name(arch),
-        model=config,
-        parallelize_fn=parallelize,
-        pipelining_fn=pipeline_hf_transformers,
-        post_optimizer_build_fn=register_moe_load_balancing_hook,
-        state_dict_adapter=Qwen3HFStateDictAdapter,
-    )
+    def architecture(self, cfg: RunConfig) -> Qwen3Architecture:
+        return architecture(cfg)
 
+    def hf_config(self, cfg: RunConfig, arch: Qwen3Architecture) -> dict[str, Any]:
+        return hf_config(cfg, arch)
 
-def trainer_config_class():
-    return Qwen3HFTrainer.Config
+    def model_spec(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> ModelSpec:
+        from torchtitan.components.optimizer import register_moe_load_balancing_hook
+        from torchtitan.experiments.transformers_modeling_backend.parallelize import parallelize_hf_transformers
+        from torchtitan.experiments.transformers_modeling_backend.pipeline import pipeline_hf_transformers
 
-
-def trainer_fields(cfg: RunConfig) -> dict[str, Any]:
-    return {"hf_model": hf_config_dir(cfg)}
-
-
-def validate(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> None:
-    impl = cfg.backend.hf_experts_implementation
-    if impl is not None:
-        allowed = experts_implementations()
-        if not arch.is_moe:
-            raise ConfigError(
-                "backend.hf_experts_implementation",
-                f"'{impl}' selects the HF experts kernel of an MoE model, but this model is dense "
-                f"({hf_architecture_name(arch)}); unset it (backend.hf_experts_implementation=null) or train an MoE "
-                "(model=tiny_moe, model=30B-A3B).",
-            )
-        if impl not in allowed:
-            raise ConfigError(
-                "backend.hf_experts_implementation",
-                f"'{impl}' is not one torchtitan's transformers backend accepts; use one of {', '.join(allowed)}.",
-            )
-    used = "sdpa" if device.type == "cpu" else "flex"
-    if cfg.model.attention not in ("auto", used):
-        raise ConfigError(
-            "model.attention",
-            f"'{cfg.model.attention}' selects backend=native's inner attention; backend=hf_v5 runs HF attention through "
-            f"torchtitan's flex path ({used} on {device.type}: causal SDPA on CPU, FlexAttention elsewhere). "
-            "Leave model.attention=auto.",
+        config = titan_hf_model_config(arch, self.config.hf_experts_implementation)
+        parallelize = parallelize_keeping_tied_embeddings(parallelize_hf_transformers)
+        if device.type == "cpu":
+            parallelize = use_causal_sdpa_attention_on_cpu(config, parallelize)
+        return ModelSpec(
+            name="transformers_modeling_backend",
+            flavor=hf_architecture_name(arch),
+            model=config,
+            parallelize_fn=parallelize,
+            pipelining_fn=pipeline_hf_transformers,
+            post_optimizer_build_fn=register_moe_load_balancing_hook,
+            state_dict_adapter=Qwen3HFStateDictAdapter,
         )
-    if arch.tie_embeddings and (cfg.parallelism.tp != 1 or cfg.parallelism.pp != 1):
-        key = "parallelism.tp" if cfg.parallelism.tp != 1 else "parallelism.pp"
-        raise ConfigError(
-            key,
-            f"this Qwen3 ties its input and output embeddings ({hf_architecture_name(arch)}, tie_word_embeddings); "
-            "backend=hf_v5 keeps them tied under data parallelism (FSDP/HSDP) only (qwen3_trn.hf.model.TiedLMHead); "
-            "torchtitan's transformers backend un-ties them for FSDP, after which its output-layer copy is left out "
-            "of the optimizer and dropped by the HF export. Use parallelism.tp=1 "
-            "parallelism.pp=1, or backend=native for tensor/pipeline parallelism of tied models.",
-        )
-    if cfg.checkpoint.initial_load_path and not cfg.checkpoint.resume_from:
-        check_hf_checkpoint(cfg.checkpoint.initial_load_path, hf_config(cfg, arch), key="checkpoint.initial_load_path")
 
+    def trainer_config_class(self) -> type[Qwen3HFTrainer.Config]:
+        return Qwen3HFTrainer.Config
 
-def run_info(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> dict[str, Any]:
-    return {
-        "hf_model": cfg.model.hf_model or "(built from the model group)",
-        "hf_architecture": hf_architecture_name(arch),
-        "hf_config_dir": hf_config_dir(cfg, arch),
-        "hf_attention": CPU_ATTENTION if device.type == "cpu" else TITAN_ATTENTION,
-        **({"hf_experts_implementation": cfg.backend.hf_experts_implementation or "grouped_mm"} if arch.is_moe else {}),
-    }
+    def trainer_fields(self, cfg: RunConfig) -> dict[str, Any]:
+        return {"hf_model": hf_config_dir(cfg)}
 
+    def validate(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> None:
+        impl = self.config.hf_experts_implementation
+        if impl is not None:
+            allowed = experts_implementations()
+            if not arch.is_moe:
+                raise ConfigError(
+                    "backend.hf_experts_implementation",
+                    f"'{impl}' selects the HF experts kernel of an MoE model, but this model is dense "
+                    f"({hf_architecture_name(arch)}); unset it (backend.hf_experts_implementation=null) or train an MoE "
+                    "(model=tiny_moe, model=30B-A3B).",
+                )
+            if impl not in allowed:
+                raise ConfigError(
+                    "backend.hf_experts_implementation",
+                    f"'{impl}' is not one torchtitan's transformers backend accepts; use one of {', '.join(allowed)}.",
+                )
+        used = "sdpa" if device.type == "cpu" else "flex"
+        if cfg.model.attention not in ("auto", used):
+            raise ConfigError(
+                "model.attention",
+                f"'{cfg.model.attention}' selects backend=native's inner attention; backend=hf_v5 runs HF attention through "
+                f"torchtitan's flex path ({used} on {device.type}: causal SDPA on CPU, FlexAttention elsewhere). "
+                "Leave model.attention=auto.",
+            )
+        if arch.tie_embeddings and (cfg.parallelism.tp != 1 or cfg.parallelism.pp != 1):
+            key = "parallelism.tp" if cfg.parallelism.tp != 1 else "parallelism.pp"
+            raise ConfigError(
+                key,
+                f"this Qwen3 ties its input and output embeddings ({hf_architecture_name(arch)}, tie_word_embeddings); "
+                "backend=hf_v5 keeps them tied under data parallelism (FSDP/HSDP) only (qwen3_trn.hf.model.TiedLMHead); "
+                "torchtitan's transformers backend un-ties them for FSDP, after which its output-layer copy is left out "
+                "of the optimizer and dropped by the HF export. Use parallelism.tp=1 "
+                "parallelism.pp=1, or backend=native for tensor/pipeline parallelism of tied models.",
+            )
+        if cfg.checkpoint.initial_load_path and not cfg.checkpoint.resume_from:
+            check_hf_checkpoint(cfg.checkpoint.initial_load_path, hf_config(cfg, arch), key="checkpoint.initial_load_path")
 
-def prepare_process(cfg: RunConfig, device: DeviceSpec) -> None:
-    if device.type == "cpu":
-        use_causal_sdpa_attention_on_cpu()
+    def run_info(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> dict[str, Any]:
+        return {
+            "hf_model": cfg.model.hf_model or "(built from the model group)",
+            "hf_architecture": hf_architecture_name(arch),
+            "hf_config_dir": hf_config_dir(cfg, arch),
+            "hf_attention": CPU_ATTENTION if device.type == "cpu" else TITAN_ATTENTION,
+            **({"hf_experts_implementation": self.config.hf_experts_implementation or "grouped_mm"} if arch.is_moe else {}),
+        }
 
-
-HF_V5 = Backend(
-    name="hf_v5",
-    description="Qwen3 built by Hugging Face Transformers v5 in torchtitan's transformers_modeling_backend",
-    model_spec=model_spec,
-    trainer_config_class=trainer_config_class,
-    validate=validate,
-    run_info=run_info,
-    prepare_process=prepare_process,
-    trainer_fields=trainer_fields,
-    architecture=architecture,
-    hf_config=hf_config,
-)
+    def prepare_process(self, cfg: RunConfig, device: DeviceSpec) -> None:
+        if device.type == "cpu":
+            use_causal_sdpa_attention_on_cpu()

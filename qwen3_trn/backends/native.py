@@ -5,20 +5,17 @@ from __future__ import annotations
 from torchtitan.protocols.model_spec import ModelSpec
 
 from qwen3_trn.backends.base import Backend
-from qwen3_trn.config.schema import RunConfig
+from qwen3_trn.config.schema import NativeBackendConfig, RunConfig
 from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.attention import inner_attention_config, resolve_attention
 from qwen3_trn.models.qwen3 import native_model_spec
 
 
-def _model_spec(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> ModelSpec:
-    attention = resolve_attention(cfg.model.attention, device.default_attention)
-    return native_model_spec(cfg.model.flavor, arch, inner_attention_config(attention))
+class NativeBackend(Backend):
+    Config = NativeBackendConfig
+    description = "torchtitan's native Qwen3 (dense and MoE flavors)"
 
-
-NATIVE = Backend(
-    name="native",
-    description="torchtitan's native Qwen3 (dense and MoE flavors)",
-    model_spec=_model_spec,
-)
+    def model_spec(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> ModelSpec:
+        attention = resolve_attention(cfg.model.attention, device.default_attention)
+        return native_model_spec(cfg.model.flavor, arch, inner_attention_config(attention))

@@ -14,7 +14,7 @@ from torch.distributed.tensor import DTensor
 from torchtitan.protocols.model_spec import ModelSpec
 
 from qwen3_trn.backends.base import Backend
-from qwen3_trn.config.schema import RunConfig
+from qwen3_trn.config.schema import NkiMoeBackendConfig, RunConfig
 from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.errors import ConfigError, NotApplicable
 from qwen3_trn.kernels import (
@@ -33,67 +33,59 @@ from qwen3_trn.models.qwen3 import native_model_spec
 NEURON_TOKEN_GROUP_ALIGNMENT = 128
 
 
-def _kernel_name(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> str:
-    try:
-        return resolved_kernel_name(
-            cfg.backend.kernels, device.type, dim=arch.dim, hidden_dim=arch.moe_hidden_dim, num_experts=arch.num_experts
-        )
-    except KernelUnavailableError as exc:
-        raise ConfigError("backend.kernels", str(exc)) from exc
-    except ValueError as exc:
-        raise ConfigError(
-            "backend.kernels", f"{exc} Use kernels=auto, kernels=portable or a kernel name listed in qwen3_trn/kernels/README.md."
-        ) from exc
+class NkiMoeBackend(Backend):
+    Config = NkiMoeBackendConfig
+    description = "Qwen3 MoE with kernel-backed experts (NKI on Trainium, portable kernels elsewhere)"
+    config: NkiMoeBackendConfig
 
-
-def _model_spec(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> ModelSpec:
-    attention = resolve_attention(cfg.model.attention, device.default_attention)
-    converter = KernelExpertsConverter.Config(kernel=cfg.backend.kernels)
-    return native_model_spec(cfg.model.flavor, arch, inner_attention_config(attention), converters=[converter])
-
-
-def _validate(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> None:
-    if not arch.is_moe:
-        raise NotApplicable(
-            "backend.name",
-            f"backend=nki_moe trains mixture-of-experts models, but model={cfg.model.flavor} is dense; "
-            "choose an MoE model (tiny_moe, debugmodel_moe, 30B-A3B, 235B-A22B) or backend=native.",
-        )
-    _kernel_name(cfg, arch, device)
-    if device.type == "neuron":
+    def kernel_name(self, arch: Qwen3Architecture, device: DeviceSpec) -> str:
+        """The kernel ``backend.kernels`` resolves to for the model's global expert shapes."""
         try:
-            check_token_group_alignment(
-                tokens_per_step=cfg.training.local_batch_size * cfg.training.seq_len,
-                top_k=arch.top_k,
-                num_experts=arch.num_experts,
-                alignment=NEURON_TOKEN_GROUP_ALIGNMENT,
-                pads_token_groups=True,
+            return resolved_kernel_name(
+                self.config.kernels, device.type, dim=arch.dim, hidden_dim=arch.moe_hidden_dim, num_experts=arch.num_experts
             )
-        except TokenGroupAlignmentError as exc:
-            raise ConfigError("training.seq_len", str(exc)) from exc
+        except KernelUnavailableError as exc:
+            raise ConfigError("backend.kernels", str(exc)) from exc
+        except ValueError as exc:
+            raise ConfigError(
+                "backend.kernels", f"{exc} Use kernels=auto, kernels=portable or a kernel name listed in qwen3_trn/kernels/README.md."
+            ) from exc
 
+    def model_spec(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> ModelSpec:
+        attention = resolve_attention(cfg.model.attention, device.default_attention)
+        converter = KernelExpertsConverter.Config(kernel=self.config.kernels)
+        return native_model_spec(cfg.model.flavor, arch, inner_attention_config(attention), converters=[converter])
 
-def _run_info(cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> dict[str, Any]:
-    return {"kernel": _kernel_name(cfg, arch, device), "kernels_requested": cfg.backend.kernels}
+    def validate(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> None:
+        if not arch.is_moe:
+            raise NotApplicable(
+                "backend.name",
+                f"backend=nki_moe trains mixture-of-experts models, but model={cfg.model.flavor} is dense; "
+                "choose an MoE model (tiny_moe, debugmodel_moe, 30B-A3B, 235B-A22B) or backend=native.",
+            )
+        self.kernel_name(arch, device)
+        if device.type == "neuron":
+            try:
+                check_token_group_alignment(
+                    tokens_per_step=cfg.training.local_batch_size * cfg.training.seq_len,
+                    top_k=arch.top_k,
+                    num_experts=arch.num_experts,
+                    alignment=NEURON_TOKEN_GROUP_ALIGNMENT,
+                    pads_token_groups=True,
+                )
+            except TokenGroupAlignmentError as exc:
+                raise ConfigError("training.seq_len", str(exc)) from exc
 
+    def run_info(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> dict[str, Any]:
+        return {"kernel": self.kernel_name(arch, device), "kernels_requested": self.config.kernels}
 
-def _what_ran(parts: list[Any], device_type: str) -> dict[str, Any]:
-    """The kernel each expert module's forward selects for its local (EP/TP-sharded) weights."""
-    kernels = set()
-    for part in parts:
-        for module in part.modules():
-            if isinstance(module, KernelGroupedExperts):
-                weight = module.w1_EFD.to_local() if isinstance(module.w1_EFD, DTensor) else module.w1_EFD
-                experts, hidden_dim, dim = weight.shape
-                kernels.add(resolved_kernel_name(module.kernel, device_type, dim=dim, hidden_dim=hidden_dim, num_experts=experts))
-    return {"kernel": ",".join(sorted(kernels))} if kernels else {}
-
-
-NKI_MOE = Backend(
-    name="nki_moe",
-    description="Qwen3 MoE with kernel-backed experts (NKI on Trainium, portable kernels elsewhere)",
-    model_spec=_model_spec,
-    validate=_validate,
-    run_info=_run_info,
-    what_ran=_what_ran,
-)
+    def what_ran(self, parts: list[Any], device_type: str) -> dict[str, Any]:
+        """The kernel each expert module's forward selects for its local (EP/TP-sharded) weights."""
+        kernels = set()
+        for part in parts:
+            for module in part.modules():
+                if isinstance(module, KernelGroupedExperts):
+                    weight = module.w1_EFD.to_local() if isinstance(module.w1_EFD, DTensor) else module.w1_EFD
+                    experts, hidden_dim, dim = weight.shape
+                    kernels.add(resolved_kernel_name(module.kernel, device_type, dim=dim, hidden_dim=hidden_dim, num_experts=experts))
+        return {"kernel": ",".join(sorted(kernels))} if kernels else {}

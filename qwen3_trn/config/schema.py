@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from omegaconf import MISSING
 
@@ -112,9 +112,18 @@ class RendezvousBackend(Choice):
 
 @dataclass
 class BackendConfig:
-    """Which training mode builds the model (a key of ``qwen3_trn.backends.BACKENDS``)."""
+    """Which training mode builds the model, in torchtitan's configurable style: each option's
+    schema below is the nested ``Config`` of a ``qwen3_trn.backends`` class, and ``build()``
+    makes that backend (the class sets ``_owner`` when it is defined, as torchtitan's
+    ``Configurable`` does; importing ``qwen3_trn.backends`` defines them all)."""
 
     name: str = "native"
+    _owner: ClassVar[Optional[type]] = None
+
+    def build(self) -> Any:
+        if self._owner is None:
+            raise RuntimeError(f"no backend builds {type(self).__name__}; import qwen3_trn.backends first.")
+        return self._owner(config=self)
 
 
 @dataclass

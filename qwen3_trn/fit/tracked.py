@@ -31,7 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torchtitan.distributed import utils as dist_utils
 
-from qwen3_trn.backends import get_backend
+from qwen3_trn.backends import build_backend
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.convert import compute_dtype, to_trainer_config
 from qwen3_trn.devices import probe_device
@@ -139,7 +139,7 @@ def fake_trainer(cfg: RunConfig, layout: Layout) -> Iterator:
     os.environ.update({"NGPU": str(world), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world)})
     cpu = probe_device("cpu")
     cpu.activate(compute_dtype(cfg, cpu))  # as worker.build_trainer does for a rank
-    get_backend(cfg.backend.name).prepare_process(cfg, cpu)
+    build_backend(cfg.backend).prepare_process(cfg, cpu)
     trainer_config = to_trainer_config(cfg, cpu, layout)
     trainer_config.comm.mode = "fake_backend"
     trainer_config.metrics.console_progress = False

@@ -1,0 +1,44 @@
+"""Backends in torchtitan's configurable style: each ``backend=<option>`` composes to its
+option's Config, whose ``build()`` makes that mode's Backend class with the composed values."""
+
+from __future__ import annotations
+
+import pytest
+
+from qwen3_trn.backends import BACKENDS, backend_named, build_backend
+from qwen3_trn.backends.hf_v5 import HfV5Backend
+from qwen3_trn.backends.native import NativeBackend
+from qwen3_trn.backends.nki_moe import NkiMoeBackend
+from qwen3_trn.config.schema import BackendConfig
+from qwen3_trn.config.typed import to_run_config
+from qwen3_trn.errors import ConfigError
+from tests.conftest import compose_config
+
+CASES = [
+    (["backend=native"], NativeBackend, {}),
+    (["backend=hf_v5", "backend.hf_experts_implementation=eager"], HfV5Backend, {"hf_experts_implementation": "eager"}),
+    (["backend=nki_moe", "model=tiny_moe", "backend.kernels=portable"], NkiMoeBackend, {"kernels": "portable"}),
+]
+
+
+@pytest.mark.parametrize("overrides,cls,values", CASES, ids=[c[1].__name__ for c in CASES])
+def test_the_composed_option_builds_its_backend(overrides, cls, values, tmp_path):
+    cfg = to_run_config(compose_config(overrides, tmp_path / "run"))
+    assert type(cfg.backend) is cls.Config
+    backend = build_backend(cfg.backend)
+    assert type(backend) is cls and backend.config is cfg.backend
+    for key, value in values.items():
+        assert getattr(backend.config, key) == value
+
+
+def test_the_registry_is_keyed_by_each_option_name():
+    assert {name: cls.Config().name for name, cls in BACKENDS.items()} == {name: name for name in BACKENDS}
+    assert type(backend_named("nki_moe")) is NkiMoeBackend and backend_named("nki_moe").config.kernels == "auto"
+    with pytest.raises(ConfigError) as info:
+        backend_named("bogus")
+    assert info.value.key == "backend.name" and "native" in str(info.value)
+
+
+def test_a_config_no_backend_class_owns_cannot_build():
+    with pytest.raises(RuntimeError, match="no backend builds BackendConfig"):
+        BackendConfig().build()
