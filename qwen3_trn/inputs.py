@@ -60,11 +60,13 @@ def _if_local(value: str) -> bool:
     return Path(value).expanduser().exists()
 
 
-# Path keys, and when their value is a path (a hub id is not).
+# Path keys, and when their value is a path (a hub id is not). A key the chosen option of its
+# group lacks (data.val_path with data=embedded) is skipped.
 PATH_KEYS: dict[str, Callable[[RunConfig, str], bool]] = {
     "model.hf_assets_path": lambda cfg, value: True,
     "model.hf_model": lambda cfg, value: _if_local(value),
-    "data.path": lambda cfg, value: cfg.data.source == "files",
+    "data.path": lambda cfg, value: cfg.data.source == "files" or _if_local(value),
+    "data.val_path": lambda cfg, value: True,
     "checkpoint.resume_from": lambda cfg, value: True,
     "checkpoint.initial_load_path": lambda cfg, value: "://" not in value,
     "logger.wandb.dir": lambda cfg, value: True,
@@ -80,7 +82,7 @@ def absolute_paths(cfg: RunConfig, cwd: str | Path | None = None) -> RunConfig:
         section: Any = cfg
         for part in section_name.split("."):
             section = getattr(section, part)
-        value = getattr(section, name)
+        value = getattr(section, name, None)
         if value and is_path(cfg, str(value)):
             path = Path(str(value)).expanduser()
             setattr(section, name, str(path if path.is_absolute() else base / path))
@@ -151,7 +153,7 @@ def first_records(data: DataConfig, files: list[str], builder: str) -> list[dict
         return []
     try:
         with _quiet():
-            stream = load_dataset(builder, data_files=files, split=data.split, streaming=True)
+            stream = load_dataset(builder, data_files=files, split="train", streaming=True)
             return list(itertools.islice(stream, PROBED_RECORDS))
     except Exception as exc:  # noqa: BLE001 - pyarrow, pandas, json and UnicodeDecodeError alike
         raise ConfigError(

@@ -25,6 +25,11 @@ from tests.conftest import run_in_process
 
 # Keys set by the command itself, not by users.
 NOT_USER_KEYS = {"output_dir"}
+# Values an option needs from the user (``???`` in its schema), so that a case fails on its own key.
+OPTION_NEEDS = {
+    "data=files": ["data.path=qwen3_trn/data/assets/corpus.jsonl.gz"],
+    "data=hub": ["data.path=roneneldan/TinyStories"],
+}
 
 
 def _base(hint):
@@ -51,7 +56,8 @@ def schema_leaves():
             name_key, options = OPTION_SCHEMAS[f.name]
             seen = set()
             for option, cls in options.items():
-                for key, leaf_hint, select in walk(cls, f"{f.name}.", [f"{f.name}={option}"]):
+                chosen = f"{f.name}={option}"
+                for key, leaf_hint, select in walk(cls, f"{f.name}.", [chosen, *OPTION_NEEDS.get(chosen, [])]):
                     if key not in seen:
                         seen.add(key)
                         yield key, leaf_hint, select

@@ -14,14 +14,14 @@ import pytest
 from torchtitan.hf_datasets.text_datasets import DATASETS
 
 from qwen3_trn.app import to_run_config
-from qwen3_trn.config.schema import DataConfig
+from qwen3_trn.config.schema import C4DataConfig, EmbeddedDataConfig, FilesDataConfig, HubDataConfig
 from qwen3_trn.data.embedded import validation_corpus_path
 from qwen3_trn.data.sources import held_out_indices, resolve_dataset, resolve_validation_dataset
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.metrics import JsonlLogger
 from qwen3_trn.preflight import prepare
 from qwen3_trn.validation import RunValidator, validator_config
-from tests.conftest import REPO, assert_trained, compose_config, read_metrics, read_summary, run_cli
+from tests.conftest import REPO, assert_trained, compose_config, read_metrics, read_summary, run_cli, run_in_process
 
 TRAIN = "loss_metrics/global_avg_loss"
 VAL = "validation_metrics/loss"
@@ -46,7 +46,7 @@ def documents(tmp_path) -> Path:
 
 
 def test_files_hold_out_a_fraction_that_training_never_sees(documents):
-    data = DataConfig(source="files", path=str(documents), text_column="body", val_fraction=0.2)
+    data = FilesDataConfig(path=str(documents), text_column="body", val_fraction=0.2)
     train, held_out = _texts(resolve_dataset(data)), _texts(resolve_validation_dataset(data))
     assert held_out == ["document number 2", "document number 7"]  # evenly spaced, in order
     assert len(train) == 8 and not set(train) & set(held_out)
@@ -59,20 +59,20 @@ def test_files_hold_out_a_fraction_that_training_never_sees(documents):
 def test_files_with_their_own_validation_files(documents, tmp_path):
     held_out = tmp_path / "val.txt"
     held_out.write_text("a held-out line\nanother one\n")
-    data = DataConfig(source="files", path=str(documents), text_column="body", val_path=str(held_out))
+    data = FilesDataConfig(path=str(documents), text_column="body", val_path=str(held_out))
     assert len(_texts(resolve_dataset(data))) == 10  # nothing held out of the training files
     assert _texts(resolve_validation_dataset(data)) == ["a held-out line", "another one"]
 
 
 def test_embedded_and_c4_bring_their_validation_split():
-    embedded = resolve_validation_dataset(DataConfig())
+    embedded = resolve_validation_dataset(EmbeddedDataConfig())
     assert embedded.path == str(validation_corpus_path())
-    assert len(_texts(embedded)) >= 10 and not set(_texts(embedded)) & set(_texts(resolve_dataset(DataConfig())))
-    assert resolve_validation_dataset(DataConfig(source="c4")).name == "c4_validation"
+    assert len(_texts(embedded)) >= 10 and not set(_texts(embedded)) & set(_texts(resolve_dataset(EmbeddedDataConfig())))
+    assert resolve_validation_dataset(C4DataConfig()).name == "c4_validation"
 
 
 def test_hub_validation_split_is_its_own_split():
-    data = DataConfig(source="hub", path="roneneldan/TinyStories", val_split="validation")
+    data = HubDataConfig(path="roneneldan/TinyStories", val_split="validation")
     held_out, train = resolve_validation_dataset(data), resolve_dataset(data)
     assert DATASETS[held_out.name].loader.args[:2] == (None, "validation")
     assert DATASETS[train.name].loader.args[:2] == (None, "train")  # the whole training split
@@ -81,11 +81,8 @@ def test_hub_validation_split_is_its_own_split():
 @pytest.mark.parametrize(
     "data,key,fix",
     [
-        (DataConfig(source="files", path="{docs}", val_fraction=0.0), "data.val_fraction", "data.val_path"),
-        (DataConfig(source="files", path="{docs}", val_split="validation"), "data.val_split", "data.val_fraction"),
-        (DataConfig(source="embedded", val_split="validation"), "data.val_split", "data.val_path"),
-        (DataConfig(source="files", path="{docs}", val_fraction=1.5), "data.val_fraction", "[0, 1)"),
-        (DataConfig(source="files", path="{docs}", val_path="/no/such/file.jsonl"), "data.val_path", "does not exist"),
+        (FilesDataConfig(path="{docs}", val_fraction=0.0), "data.val_fraction", "data.val_path"),
+        (FilesDataConfig(path="{docs}", val_path="/no/such/file.jsonl"), "data.val_path", "does not exist"),
     ],
 )
 def test_validation_data_errors(data, key, fix, documents):
@@ -94,6 +91,22 @@ def test_validation_data_errors(data, key, fix, documents):
     with pytest.raises(ConfigError) as info:
         resolve_validation_dataset(data)
     assert info.value.key == key and fix in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "overrides,key,fix",
+    [
+        (["data=files", "data.val_split=validation"], "data.val_split", "no such key"),
+        (["data.val_split=validation"], "data.val_split", "no such key"),
+        (["data=files", "data.val_fraction=1.5"], "data.val_fraction", "< 1"),
+    ],
+)
+def test_validation_keys_a_source_does_not_take_are_refused(overrides, key, fix, documents, tmp_path):
+    """Each data source has its own schema: a key it does not read is refused while composing."""
+    run_dir = tmp_path / "run"
+    code, stderr = run_in_process([*overrides, *([f"data.path={documents}"] if "data=files" in overrides else [])], run_dir)
+    assert code == 2 and key in stderr and fix in stderr, stderr
+    assert not run_dir.exists()
 
 
 def test_a_split_without_documents_is_refused_at_the_first_validation(tmp_path):

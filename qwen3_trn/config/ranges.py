@@ -66,7 +66,7 @@ RANGES: dict[str, Range] = {
     "parallelism.ep": POSITIVE,
     "parallelism.pp_microbatch_size": POSITIVE,
     "data.num_workers": NON_NEGATIVE,
-    "data.val_fraction": Range(gt=0, lt=1, note="the held-out share; or give data.val_path, or validation=off"),
+    "data.val_fraction": Range(ge=0, lt=1, note="the held-out share of the documents; 0 with data.val_path or validation=off"),
     "validation.interval": Range(ge=1, note="validate every n steps; or validation=off"),
     "validation.steps": Range(ge=1, allow=(-1,), note="-1: the whole held-out split"),
     "validation.local_batch_size": POSITIVE,

@@ -205,20 +205,54 @@ class CompileConfig:
 
 @dataclass
 class DataConfig:
-    """Where training text comes from (a key of ``qwen3_trn.data.sources.DATA_SOURCES``)."""
+    """Where training text comes from: ``data=<source>`` picks one of the schemas below (a key of
+    ``qwen3_trn.data.sources.DATA_SOURCES``), each holding only the keys that source reads."""
 
     source: str = "embedded"
-    # files: a file, directory or glob of .jsonl/.json/.parquet/.txt; hub: a dataset id.
+    num_workers: int = 0
+
+
+@dataclass
+class EmbeddedDataConfig(DataConfig):
+    """Text shipped with the project, with its own held-out split: trains offline."""
+
+    source: str = "embedded"
+
+
+@dataclass
+class C4DataConfig(DataConfig):
+    """torchtitan's C4 (allenai/c4, English, streamed); validation uses its validation split."""
+
+    source: str = "c4"
+    # A local copy of allenai/c4 (None: the hub).
     path: Optional[str] = None
+    split: str = "train"
+
+
+@dataclass
+class FilesDataConfig(DataConfig):
+    """Local text files. Held-out text for validation: ``val_path`` (files like ``path``), else
+    ``val_fraction`` of the documents, which training then never sees (0: none held out)."""
+
+    source: str = "files"
+    # a file, directory or glob of .jsonl/.json/.parquet/.txt
+    path: str = MISSING
+    text_column: str = "text"
+    val_path: Optional[str] = None
+    val_fraction: float = 0.01
+
+
+@dataclass
+class HubDataConfig(DataConfig):
+    """A Hugging Face dataset by id. Held-out text: ``val_path`` (local files), else
+    ``val_split`` (a split of the same dataset), else ``val_fraction`` of the documents."""
+
+    source: str = "hub"
+    path: str = MISSING
     name: Optional[str] = None
     split: str = "train"
     text_column: str = "text"
-    streaming: bool = False
-    num_workers: int = 0
-    # Held-out text for validation (qwen3_trn.data.sources). embedded ships its own and c4 has
-    # torchtitan's validation split; files/hub take, in this order: val_path (local files, as
-    # path), val_split (hub: a split of the same dataset), else val_fraction of the documents,
-    # which training then never sees (0: none held out).
+    streaming: bool = True
     val_path: Optional[str] = None
     val_split: Optional[str] = None
     val_fraction: float = 0.01
@@ -407,7 +441,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
-    data: DataConfig = field(default_factory=DataConfig)
+    data: DataConfig = field(default_factory=EmbeddedDataConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
@@ -430,4 +464,5 @@ class RunConfig:
 OPTION_SCHEMAS: dict[str, tuple[str, dict[str, type]]] = {
     "backend": ("name", {c().name: c for c in (NativeBackendConfig, HfV5BackendConfig, NkiMoeBackendConfig)}),
     "launcher": ("name", {c().name: c for c in (LocalLauncherConfig, SlurmLauncherConfig)}),
+    "data": ("source", {c().source: c for c in (EmbeddedDataConfig, FilesDataConfig, HubDataConfig, C4DataConfig)}),
 }

@@ -18,6 +18,13 @@ from qwen3_trn.config.ranges import check_ranges
 from qwen3_trn.config.schema import OPTION_SCHEMAS, RunConfig
 from qwen3_trn.errors import ConfigError
 
+# What to give for keys an option leaves to the user (``???`` in the schema).
+MANDATORY_HINTS = {
+    "model.flavor": "model=<preset> chooses it (e.g. model=tiny)",
+    "data.path": "data=files needs data.path=<file | directory | glob> of .jsonl/.json/.parquet/.txt files, "
+    "data=hub data.path=<dataset id on the Hugging Face hub>, e.g. data.path=roneneldan/TinyStories",
+}
+
 
 def run_config_from_container(plain: dict[str, Any]) -> RunConfig:
     base = OmegaConf.structured(RunConfig)
@@ -30,7 +37,8 @@ def run_config_from_container(plain: dict[str, Any]) -> RunConfig:
     try:
         typed = OmegaConf.to_object(OmegaConf.merge(base, plain))
     except MissingMandatoryValue as exc:
-        raise ConfigError(exc.full_key or "config", "has no value; set it (e.g. model=<preset> chooses model.flavor).") from None
+        key = exc.full_key or "config"
+        raise ConfigError(key, f"has no value; {MANDATORY_HINTS.get(key, 'set it')}.") from None
     except OmegaConfBaseException as exc:
         raise describe_value_problem(getattr(exc, "full_key", None) or "config", str(exc)) from None
     check_ranges(typed)

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from torchtitan.hf_datasets import DatasetConfig
 from torchtitan.hf_datasets.text_datasets import DATASETS
 
-from qwen3_trn.config.schema import DataConfig
+from qwen3_trn.config.schema import C4DataConfig, DataConfig, EmbeddedDataConfig, FilesDataConfig, HubDataConfig
 from qwen3_trn.data.embedded import corpus_path, ensure_assets, validation_corpus_path
 from qwen3_trn.errors import ConfigError
 
@@ -133,7 +133,7 @@ def local_data_files(pattern: str, key: str = "data.path") -> list[str]:
     return files
 
 
-def data_files(data: DataConfig) -> list[str]:
+def data_files(data: FilesDataConfig) -> list[str]:
     """The files of ``data=files``."""
     if not data.path:
         raise ConfigError("data.path", "data=files needs data.path=<file | directory | glob> of .jsonl/.json/.parquet/.txt files.")
@@ -149,16 +149,16 @@ class _Documents:
     column: str
 
 
-def _local_files(files: list[str], text_column: str, split: str) -> _Documents:
+def _local_files(files: list[str], text_column: str) -> _Documents:
     builder = builder_of(files[0])
-    return _Documents(None, lambda _path: _load_files(files, builder, split), "text" if builder == "text" else text_column)
+    return _Documents(None, lambda _path: _load_files(files, builder, "train"), "text" if builder == "text" else text_column)
 
 
-def _files_documents(data: DataConfig) -> _Documents:
-    return _local_files(data_files(data), data.text_column, data.split)
+def _files_documents(data: FilesDataConfig) -> _Documents:
+    return _local_files(data_files(data), data.text_column)
 
 
-def _hub_documents(data: DataConfig, split: str | None = None) -> _Documents:
+def _hub_documents(data: HubDataConfig, split: str | None = None) -> _Documents:
     if not data.path:
         raise ConfigError(
             "data.path", "data=hub needs data.path=<dataset id on the Hugging Face hub>, e.g. data.path=roneneldan/TinyStories."
@@ -166,36 +166,48 @@ def _hub_documents(data: DataConfig, split: str | None = None) -> _Documents:
     return _Documents(data.path, partial(_load_hub, data.name, split or data.split, data.streaming), data.text_column)
 
 
-# Sources whose documents are split into training and held-out parts by data.val_fraction.
-SPLITTABLE: dict[str, Callable[[DataConfig], _Documents]] = {"files": _files_documents, "hub": _hub_documents}
+def _hub_split(data: HubDataConfig) -> _Documents | None:
+    return _hub_documents(data, split=data.val_split) if data.val_split else None
 
 
-def _holds_out_fraction(data: DataConfig) -> bool:
-    """files/hub without a separate validation source hold out data.val_fraction of their documents."""
-    return data.source in SPLITTABLE and not data.val_path and not data.val_split
+# Sources whose documents are split into training and held-out parts by data.val_fraction,
+# and the held-out documents they may name instead (data.val_path, for hub also data.val_split).
+SPLITTABLE: dict[str, Callable[[Any], _Documents]] = {"files": _files_documents, "hub": _hub_documents}
+NAMED_HELD_OUT: dict[str, Callable[[Any], _Documents | None]] = {"files": lambda data: None, "hub": _hub_split}
 
 
-def _split_source(data: DataConfig) -> ResolvedDataset:
+def _val_files(data: FilesDataConfig | HubDataConfig) -> _Documents | None:
+    if not data.val_path:
+        return None
+    return _local_files(local_data_files(data.val_path, "data.val_path"), data.text_column)
+
+
+def _named_held_out(data: FilesDataConfig | HubDataConfig) -> _Documents | None:
+    """data.val_path's files, else what the source names itself (hub: data.val_split)."""
+    return _val_files(data) or NAMED_HELD_OUT[data.source](data)
+
+
+def _split_source(data: FilesDataConfig | HubDataConfig) -> ResolvedDataset:
     docs = SPLITTABLE[data.source](data)
     loader = docs.loader
-    if _holds_out_fraction(data):
+    if _named_held_out(data) is None:  # no separate held-out text: leave val_fraction out
         loader = partial(_split_loaded, docs.loader, data.val_fraction, docs.column, False)
     return _register(data, docs.path, loader, docs.column)
 
 
-def _embedded(data: DataConfig) -> ResolvedDataset:
+def _embedded(data: EmbeddedDataConfig) -> ResolvedDataset:
     corpus = str(corpus_path(ensure_assets()))
     return _register(data, corpus, lambda path: _load_files([path], "json", "train"), "text")
 
 
-def _c4(data: DataConfig) -> ResolvedDataset:
+def _c4(data: C4DataConfig) -> ResolvedDataset:
     name = {"train": "c4", "validation": "c4_validation"}.get(data.split)
     if name is None:
         raise ConfigError("data.split", f"c4 has splits train and validation, not '{data.split}'.")
     return ResolvedDataset(name=name, path=data.path)
 
 
-DATA_SOURCES: dict[str, Callable[[DataConfig], ResolvedDataset]] = {
+DATA_SOURCES: dict[str, Callable[[Any], ResolvedDataset]] = {
     "embedded": _embedded,
     "files": _split_source,
     "hub": _split_source,
@@ -203,18 +215,41 @@ DATA_SOURCES: dict[str, Callable[[DataConfig], ResolvedDataset]] = {
 }
 
 
+def _embedded_validation(data: EmbeddedDataConfig) -> ResolvedDataset:
+    corpus = str(validation_corpus_path(ensure_assets()))
+    return _register(data, corpus, lambda path: _load_files([path], "json", "train"), "text", role="val")
+
+
+def _c4_validation(data: C4DataConfig) -> ResolvedDataset:
+    return ResolvedDataset(name="c4_validation", path=None)
+
+
+def _split_validation(data: FilesDataConfig | HubDataConfig) -> ResolvedDataset:
+    docs = _named_held_out(data)
+    if docs is None:
+        if data.val_fraction <= 0:
+            raise ConfigError(
+                "data.val_fraction",
+                f"validation needs held-out text, but data={data.source} has no data.val_path"
+                + (" or data.val_split" if data.source == "hub" else "")
+                + " and data.val_fraction is 0; set one of them (e.g. data.val_fraction=0.01), or validation=off.",
+            )
+        docs = SPLITTABLE[data.source](data)
+        docs = _Documents(docs.path, partial(_split_loaded, docs.loader, data.val_fraction, docs.column, True), docs.column)
+    return _register(data, docs.path, docs.loader, docs.column, role="val")
+
+
+VALIDATION_SOURCES: dict[str, Callable[[Any], ResolvedDataset]] = {
+    "embedded": _embedded_validation,
+    "files": _split_validation,
+    "hub": _split_validation,
+    "c4": _c4_validation,
+}
+
+
 def _check_source(data: DataConfig) -> None:
     if data.source not in DATA_SOURCES:
         raise ConfigError("data.source", f"unknown source '{data.source}'; use one of {', '.join(DATA_SOURCES)}.")
-    if not 0 <= data.val_fraction < 1:
-        raise ConfigError("data.val_fraction", f"must be in [0, 1), got {data.val_fraction}.")
-    if data.val_split and data.source != "hub":
-        raise ConfigError(
-            "data.val_split",
-            f"names a split of a hub dataset, but data={data.source}; use data.val_path=<held-out files>"
-            + (" or data.val_fraction=<share of the documents>" if data.source in SPLITTABLE else "")
-            + " instead.",
-        )
 
 
 def resolve_dataset(data: DataConfig) -> ResolvedDataset:
@@ -225,24 +260,4 @@ def resolve_dataset(data: DataConfig) -> ResolvedDataset:
 def resolve_validation_dataset(data: DataConfig) -> ResolvedDataset:
     """The held-out split of the data source (see the module docstring)."""
     _check_source(data)
-    if data.val_path:
-        docs = _local_files(local_data_files(data.val_path, "data.val_path"), data.text_column, "train")
-        return _register(data, None, docs.loader, docs.column, role="val")
-    if data.source == "embedded":
-        corpus = str(validation_corpus_path(ensure_assets()))
-        return _register(data, corpus, lambda path: _load_files([path], "json", "train"), "text", role="val")
-    if data.source == "c4":
-        return ResolvedDataset(name="c4_validation", path=None)
-    if data.val_split:
-        docs = _hub_documents(data, split=data.val_split)
-        return _register(data, docs.path, docs.loader, docs.column, role="val")
-    if data.val_fraction <= 0:
-        raise ConfigError(
-            "data.val_fraction",
-            f"validation needs held-out text, but data={data.source} has no data.val_path"
-            + (" or data.val_split" if data.source == "hub" else "")
-            + " and data.val_fraction is 0; set one of them (e.g. data.val_fraction=0.01), or validation=off.",
-        )
-    docs = SPLITTABLE[data.source](data)
-    loader = partial(_split_loaded, docs.loader, data.val_fraction, docs.column, True)
-    return _register(data, docs.path, loader, docs.column, role="val")
+    return VALIDATION_SOURCES[data.source](data)
