@@ -76,6 +76,9 @@ class StepModel:
             parallelism.pp_schedule,
             parallelism.pp_microbatch_size,
             parallelism.fsdp_reshard_after_forward,
+            global_batch=training.global_batch_size,
+            grads_set_to_none=self.trainer_config.training.disable_cuda_graphs,
+            device_type=self.device_type,
         )
 
     def probe_model_config(self):

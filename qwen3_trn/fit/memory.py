@@ -29,7 +29,8 @@ class MemoryEstimate:
     activations: int
     # FSDP's all-gathered parameters, unsharded gradients and reduce-scatter buffers at that moment.
     fsdp_buffers: int
-    # The step's peak: persistent state + activations + FSDP buffers, or the optimizer step if higher.
+    # The step's peak: persistent state + activations + FSDP buffers at its moment (gradients freed
+    # between steps are not held at the end of forward: ``detail["grads_at_peak"]``).
     peak: int
     # Allocator fragmentation and the runtime's own memory (see fit.device_memory.margin_bytes).
     margin: int

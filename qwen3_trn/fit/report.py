@@ -79,6 +79,9 @@ class FitReport:
             self.verdict(),
             *(f"source {e.source}: {SOURCES[e.source]}" for e in (self.memory, self.tracked) if e is not None),
         ]
+        if "peak_at" in self.memory.detail:
+            held = self.memory.detail["grads_at_peak"]
+            lines.append(f"estimate's peak: {self.memory.detail['peak_at']}, gradients held then {gib(held)}")
         if self.tracked is not None and self.memory.total:
             lines.append(f"tracker / estimate: {self.tracked.total / self.memory.total:.2f}")
         if self.choice:
