@@ -201,7 +201,8 @@ def execute(cfg_node: DictConfig) -> dict | None:
         raise
     except BaseException as exc:
         status = getattr(exc, "run_status", RunStatus.failed)  # e.g. cancelled: a waited-for Slurm job
-        error = {"error": describe_error(exc)}
+        # A launcher that ends with SystemExit (a waited-for Slurm job) has recorded the why itself.
+        error = {} if isinstance(exc, SystemExit) else {"error": describe_error(exc)}
         if not isinstance(exc, SystemExit):
             write_text_atomic(run_dir / ERROR_LOG, f"{error['error']}\n\n{traceback.format_exc()}")
             error["error_log"] = str(run_dir / ERROR_LOG)

@@ -111,7 +111,7 @@ def test_cpu_ranks_share_the_host_memory():
 
 @pytest.mark.slow
 def test_fit_check_false_starts_a_run_the_estimate_refuses(run_dir, tmp_path):
-    small = ["model=tiny", "device.memory_gib=0.5", "training.steps=2", "logger=none"]
+    small = ["model=tiny", "device.memory_gib=0.5", "training.steps=2", "optimizer.warmup_steps=1", "logger=none"]
     refused = run_cli(small, tmp_path / "refused", timeout=300)
     assert refused.returncode == 2 and "error: fit:" in refused.stderr and "Traceback" not in refused.stderr
     result = run_cli([*small, "fit.check=false"], run_dir, timeout=600)

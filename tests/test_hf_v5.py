@@ -270,9 +270,10 @@ def test_roundtrip_key_check_fails_on_anything_but_tied_lm_head():
 
 
 def _prepared(overrides: list[str]):
+    """The prepared run, as mode=plan prepares it (shapes only: no fit check against this host)."""
     from qwen3_trn.preflight import prepare
 
-    return prepare(to_run_config(compose_config(overrides)))
+    return prepare(to_run_config(compose_config(["mode=plan", *overrides])))
 
 
 def _native_hf_shapes(overrides: list[str]) -> tuple[dict, int]:

@@ -74,6 +74,7 @@ def test_packed_sweep_of_four_jobs_on_two_cores(tmp_path):
             "launcher.devices_per_job=1",
             "logger=none",
             "training.steps=3",
+            "optimizer.warmup_steps=1",
             "training.seq_len=64",
             "training.seed=1,2,3,4",
             f"hydra.sweep.dir={sweep_dir}",

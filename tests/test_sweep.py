@@ -199,7 +199,7 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path):
     training (a torchtitan field set through the escape hatch to a dtype it does not know), then
     one that must still train."""
     sweep_dir = tmp_path / "sweep"
-    args = ["model=tiny,tiny_moe", "model.top_k=1", "+titan.training.mixed_precision_reduce=bogus,float32", *TINY]
+    args = ["model=tiny,tiny_moe", "model.top_k=1", "+titan.training.mixed_precision_param=bogus,float32", *TINY]
     result = run_sweep(["-m", *args], sweep_dir)
     assert result.returncode == 1, _explain(result)
     manifest = manifest_of(sweep_dir)
@@ -211,7 +211,7 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path):
         assert jobs[n]["error_key"] == "model.top_k" and "dense flavor" in jobs[n]["reason"]
         assert not (Path(jobs[n]["run_dir"]) / "config.yaml").exists()
     failed = jobs[2]
-    assert failed["overrides"] == ["model=tiny_moe", "model.top_k=1", "+titan.training.mixed_precision_reduce=bogus", *TINY]
+    assert failed["overrides"] == ["model=tiny_moe", "model.top_k=1", "+titan.training.mixed_precision_param=bogus", *TINY]
     assert "bogus" in failed["error"] and Path(failed["log"]).is_file()
     assert "Traceback" in Path(failed["log"]).read_text()
     assert failed["rerun"].startswith("python -m qwen3_trn hydra.mode=RUN model=tiny_moe")

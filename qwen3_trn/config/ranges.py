@@ -80,7 +80,7 @@ RANGES: dict[str, Range] = {
     "training.max_norm": Range(gt=0),
     "training.seed": NON_NEGATIVE,
     "training.gc_freq": POSITIVE,
-    "optimizer.lr": Range(gt=0),
+    "optimizer.lr": Range(ge=0, note="0 keeps the weights as loaded"),
     "optimizer.weight_decay": NON_NEGATIVE,
     "optimizer.beta1": Range(ge=0, lt=1),
     "optimizer.beta2": Range(ge=0, lt=1),

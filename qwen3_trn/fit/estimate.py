@@ -17,6 +17,7 @@ from torchtitan.trainer import Trainer
 
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.convert import compute_dtype, param_dtype
+from qwen3_trn.errors import ConfigError
 from qwen3_trn.fit.analytic import analytic_profile
 from qwen3_trn.fit.composed import (
     DTYPE_BYTES,
@@ -55,14 +56,18 @@ class StepModel:
     def of(
         cls, cfg: RunConfig, device, arch: Qwen3Architecture, trainer_config: Trainer.Config, counts: ModelCounts | None = None
     ) -> StepModel:
+        reduce = trainer_config.training.mixed_precision_reduce
+        if reduce not in DTYPE_BYTES:  # only reachable through +titan.training.mixed_precision_reduce
+            raise ConfigError(
+                "titan.training.mixed_precision_reduce",
+                f"'{reduce}' is not a dtype torchtitan reduces in; use one of {', '.join(DTYPE_BYTES)}.",
+            )
         return cls(
             cfg=cfg,
             device_type=device.type,
             arch=arch,
             counts=counts or count(cfg.model.flavor, arch, cfg.training.seq_len),
-            precision=Precision(
-                master=cfg.training.dtype, param=param_dtype(cfg, device), reduce=trainer_config.training.mixed_precision_reduce
-            ),
+            precision=Precision(master=cfg.training.dtype, param=param_dtype(cfg, device), reduce=reduce),
             compute_dtype=compute_dtype(cfg, device),
             trainer_config=trainer_config,
         )
