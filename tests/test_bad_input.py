@@ -181,7 +181,7 @@ CONFIG_DIR_CASES = {
         "experiment=mine",
         ["training.stepz", "experiment/mine.yaml, line 3, column 3"],
     ),
-    "out-of-range": ("optimizer/mine.yaml", "lr: -0.5\n", "optimizer=mine", ["optimizer.lr", "must be > 0"]),
+    "out-of-range": ("optimizer/mine.yaml", "lr: -0.5\n", "optimizer=mine", ["optimizer.lr", "must be >= 0"]),
 }
 
 
