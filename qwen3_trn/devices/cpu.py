@@ -16,6 +16,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter  # what set_custom_reduce_scatter takes
 from torchtitan.protocols.model_spec import ModelSpec
 
 from qwen3_trn.devices.cpu_allocator import retain_freed_memory
@@ -166,19 +168,44 @@ def activate(compute_dtype: str = "float32") -> None:
     importlib.import_module("torchtitan.tools.utils").get_peak_flops = lambda device_name: peak
 
 
-def _force_sum_reduction(parallelize_fn):
+class ReduceInPlaceAtOneRank(ReduceScatter):
+    """FSDP2's reduce-scatter at one rank, without its copy.
+
+    At one rank ``foreach_reduce`` allocates the reduce-scatter input (the unit's gradients cast
+    into one flat reduce-dtype buffer), allocates an output of the same size, copies the input
+    into it and hands views of the output out as the gradient shards. Giving back the input as
+    the output makes that copy a no-op: the gradients are the same values, one full-size buffer
+    and one pass over every gradient fewer per step (benchmarks/moe_profile.py: the reduce was
+    the largest part of a debugmodel_moe step, its parameters being many times its per-token
+    compute). Nothing writes to the input after the copy, so sharing it is safe.
+    """
+
+    def __init__(self) -> None:
+        self._input: torch.Tensor | None = None
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        pending, self._input = self._input, None
+        if pending is not None and pending.dtype == dtype and tuple(pending.shape) == tuple(size):
+            return pending  # the output, asked for right after the input
+        self._input = torch.empty(*size, dtype=dtype, device=device)
+        return self._input
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
+        raise RuntimeError("ReduceInPlaceAtOneRank serves one-rank FSDP only, which never reduce-scatters")
+
+
+def _adapt_fsdp(parallelize_fn):
     """torchtitan sets ``set_gradient_divide_factor(1.0)`` on FSDP modules, which makes FSDP2
     reduce with ``ReduceOp.PREMUL_SUM``; gloo rejects that op. Forcing a plain SUM keeps the
     same gradients (torchtitan already scales the loss by the global token count).
 
     At one rank FSDP's "reduce" is a copy, but with a divide factor set it first materialises
     ``grads / 1.0``: a full-size temporary and a pass over every gradient each step. Without a
-    factor it copies; dividing by 1.0 is exact, so the gradients are bit-identical."""
+    factor it copies; dividing by 1.0 is exact, so the gradients are bit-identical. The copy
+    itself is removed by ``ReduceInPlaceAtOneRank``."""
 
     @functools.wraps(parallelize_fn)
     def parallelize(model, **kwargs):
-        from torch.distributed.fsdp import FSDPModule
-
         model = parallelize_fn(model, **kwargs)
         one_rank = torch.distributed.get_world_size() == 1
         for module in model.modules():
@@ -186,10 +213,11 @@ def _force_sum_reduction(parallelize_fn):
                 module.set_force_sum_reduction_for_comms(True)
                 if one_rank:
                     module.set_gradient_divide_factor(None)
+                    module.set_custom_reduce_scatter(ReduceInPlaceAtOneRank())
         return model
 
     return parallelize
 
 
 def adapt_model_spec(spec: ModelSpec) -> ModelSpec:
-    return dataclasses.replace(spec, parallelize_fn=_force_sum_reduction(spec.parallelize_fn))
+    return dataclasses.replace(spec, parallelize_fn=_adapt_fsdp(spec.parallelize_fn))

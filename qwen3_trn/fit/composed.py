@@ -60,10 +60,11 @@ class StepShape:
     # micro-batch (pipeline, gradient accumulation) runs forward while earlier ones' are held.
     # Otherwise they are None until backward makes them.
     grads_at_activation_peak: bool = True
-    # At one FSDP rank FSDP "reduces" by copying ``grads / divide_factor``: a temporary of the
-    # unit's size in the reduce dtype. The CPU adapter unsets the factor (qwen3_trn/devices/cpu.py,
-    # _force_sum_reduction), so it is a plain copy there.
-    divide_copy_at_one_rank: bool = True
+    # Reduce-dtype buffers of a unit's size that FSDP's reduce holds at one rank besides the
+    # gradient shards: the reduce-scatter input and the ``grads / divide_factor`` temporary it
+    # copies from. The CPU adapter (qwen3_trn/devices/cpu.py) unsets the factor and makes the
+    # input the gradients' own storage, so none there.
+    one_rank_reduce_buffers: int = 2
 
 
 def step_shape(
@@ -92,7 +93,7 @@ def step_shape(
         in_flight=in_flight,
         keeps_unsharded=keeps,
         grads_at_activation_peak=not grads_set_to_none or layout.pp > 1 or accumulates,
-        divide_copy_at_one_rank=device_type != "cpu",
+        one_rank_reduce_buffers=0 if device_type == "cpu" else 2,
     )
 
 
@@ -143,7 +144,7 @@ def composed_estimate(
     head = units.get(HEAD_UNIT, 0)
     head_shard = sum(local_numel(p, layout) for p in mine if unit_of.get(p.module) == HEAD_UNIT) * master
     one_rank = layout.dp_shard * layout.cp == 1
-    divide_copy = one_rank and shape.divide_copy_at_one_rank
+    reduce_buffers = shape.one_rank_reduce_buffers if one_rank else 1
     act = activations.per_layer * layers_on_rank * shape.in_flight + activations.fixed
     act = act // layout.tp
 
@@ -160,9 +161,7 @@ def composed_estimate(
     #    next unit's copy-out, so the last block's is still held at the end of forward; resharded
     #    blocks: the head's pre-backward prefetches the last block.
     kept = sum(units.values()) if shape.keeps_unsharded else head
-    forward_end_fsdp = kept * param + head * (param + reduce)
-    if divide_copy:
-        forward_end_fsdp += head * reduce
+    forward_end_fsdp = kept * param + head * (param + reduce_buffers * reduce)
     if not one_rank:
         forward_end_fsdp += block * param
     if not shape.keeps_unsharded:
@@ -176,10 +175,8 @@ def composed_estimate(
     #    also keeps the previous block's reduce-scatter input until the next one is issued (torch's
     #    tracker, whose fake collectives complete at once, does not see it).
     backward_end_act = (activations.per_layer * shape.in_flight + activations.fixed) // layout.tp
-    backward_end_fsdp = largest * (2 * param + reduce)
+    backward_end_fsdp = largest * (2 * param + reduce_buffers * reduce)
     if not one_rank:
-        backward_end_fsdp += largest * reduce
-    if divide_copy:
         backward_end_fsdp += largest * reduce
     backward_end = params + optimizer + grads + backward_end_act + backward_end_fsdp
     at_forward_end = forward_end >= backward_end
