@@ -18,9 +18,8 @@ import itertools
 import json
 import logging
 import os
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from datasets import load_dataset, load_dataset_builder
 
@@ -28,22 +27,12 @@ from qwen3_trn.config.files import read_json_file
 from qwen3_trn.config.schema import DataConfig, Mode, RunConfig
 from qwen3_trn.data.sources import builder_of, data_files
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.quiet import logging_disabled
 
 # How many records of the data are read before the ranks start.
 PROBED_RECORDS = 8
 # How much of a file is read to say where it is not text or not JSON.
 PROBED_BYTES = 1 << 20
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """No log lines from the libraries probed here (they speak again in the ranks' logs)."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logging.disable(previous)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -152,7 +141,7 @@ def first_records(data: DataConfig, files: list[str], builder: str) -> list[dict
     if all(os.path.getsize(f) == 0 for f in files):
         return []
     try:
-        with _quiet():
+        with logging_disabled(logging.CRITICAL):
             stream = load_dataset(builder, data_files=files, split="train", streaming=True)
             return list(itertools.islice(stream, PROBED_RECORDS))
     except Exception as exc:  # noqa: BLE001 - pyarrow, pandas, json and UnicodeDecodeError alike
@@ -194,7 +183,7 @@ def _check_hub(cfg: RunConfig) -> None:
         return  # planning needs no network
     data = cfg.data
     try:
-        with _quiet():
+        with logging_disabled(logging.CRITICAL):
             builder = load_dataset_builder(data.path, name=data.name)
     except Exception as exc:  # noqa: BLE001 - hub, network and cache errors alike
         reason = _first_line(exc)
@@ -244,7 +233,7 @@ def check_tokenizer(path: str | Path, build: Callable[[str], Any], vocab_size: i
         )
     parsed = {name: read_json_file(path / name, TOKENIZER_KEY, name) for name in JSON_FILES if (path / name).is_file()}
     try:
-        with _quiet():
+        with logging_disabled(logging.CRITICAL):
             tokenizer = build(str(path))
     except Exception as exc:  # noqa: BLE001 - the tokenizers library's own errors
         raise ConfigError(

@@ -8,10 +8,8 @@ count per token follows the same function's categories (torchtitan only logs it)
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +18,7 @@ from torchtitan.models.qwen3 import Qwen3Model
 
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.qwen3 import build_model_config
+from qwen3_trn.quiet import logging_disabled
 
 # Name fragments torchtitan's get_moe_model_nparams_and_flops sorts parameters by.
 EMBEDDING, ROUTER, SHARED_EXPERTS, ROUTED_EXPERTS = "embedding", "moe.router", "moe.shared_experts", "moe.routed_experts"
@@ -87,24 +86,12 @@ def meta_model(config: Qwen3Model.Config) -> torch.nn.Module:
         return config.build()
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """torchtitan logs its per-kind counts at INFO on the root logger; before a run starts, the
-    console gets only the project's own summary."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.INFO)
-    try:
-        yield
-    finally:
-        logging.disable(previous)
-
-
 def count(flavor: str, arch: Qwen3Architecture, seq_len: int) -> ModelCounts:
     """Counts for ``arch`` (the composed model group) at training sequence length ``seq_len``."""
     # torchtitan sizes the RoPE caches (buffers) to the training sequence length before it builds.
     config = build_model_config(flavor, dataclasses.replace(arch, max_seq_len=seq_len), ScaledDotProductAttention.Config())
     model = meta_model(config)
-    with _quiet():
+    with logging_disabled(logging.INFO):  # torchtitan logs its per-kind counts at INFO
         total, flops_per_token = config.get_nparams_and_flops(model, seq_len)
     parameters = tuple(Parameter(name, tuple(p.shape)) for name, p in model.named_parameters())
     by_kind = {EMBEDDING: 0, ROUTER: 0, SHARED_EXPERTS: 0, ROUTED_EXPERTS: 0, "dense": 0}
