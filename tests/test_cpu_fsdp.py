@@ -7,14 +7,14 @@ import sys
 
 from tests.conftest import REPO
 
-# Two copies of one bf16-mixed-precision FSDP model at one gloo rank, one with FSDP's default
-# reduce and one with ReduceInPlaceAtOneRank; each runs two micro-batches (the second one
+# Two copies of one bf16-mixed-precision FSDP model at one gloo rank, one sharded by FSDP alone
+# and one through the CPU adapter's parallelize wrapper (ReduceInPlaceAtOneRank); each runs two micro-batches (the second one
 # accumulates into the first one's gradients). Prints whether every gradient is bitwise equal,
 # how many buffers the adapted reduce asked for and got, and whether the gradients live in them.
 _COMPARE = """
 import copy, os, torch, torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from qwen3_trn.devices.cpu import ReduceInPlaceAtOneRank
+from qwen3_trn.devices import cpu
 
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("PORT", "29561"))
 dist.init_process_group("gloo", rank=0, world_size=1)
@@ -24,7 +24,7 @@ policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.flo
 inputs = [torch.randn(8, 64) for _ in range(2)]
 
 
-class Recording(ReduceInPlaceAtOneRank):
+class Recording(cpu.ReduceInPlaceAtOneRank):
     inputs = []
 
     def allocate(self, size, *, dtype, device):
@@ -33,16 +33,17 @@ class Recording(ReduceInPlaceAtOneRank):
         return buffer
 
 
-def gradients(adapted):
-    model = copy.deepcopy(base)
+cpu.ReduceInPlaceAtOneRank = Recording  # what the adapter installs on every FSDP module
+
+
+def shard(model, **kwargs):  # a parallelize_fn, as torchtitan's applies FSDP
     for layer in (model[0], model[2]):
         fully_shard(layer, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
-    for module in model.modules():
-        if hasattr(module, "set_gradient_divide_factor"):
-            module.set_gradient_divide_factor(None)
-            if adapted:
-                module.set_custom_reduce_scatter(Recording())
+    return fully_shard(model, mp_policy=policy)
+
+
+def gradients(adapted):
+    model = (cpu._adapt_fsdp(shard) if adapted else shard)(copy.deepcopy(base))
     for x in inputs:
         model(x).float().square().mean().backward()
     return [p.grad.to_local() for p in model.parameters()], model
