@@ -200,11 +200,14 @@ def release_run_dir(run_dir: Path) -> None:
 
 
 def remove_empty_dirs(path: Path, levels: int = 1) -> None:
-    """Remove ``path`` and up to ``levels - 1`` of its parents while they are empty."""
+    """Remove ``path`` and up to ``levels - 1`` of its parents while they are empty (one already
+    gone counts as removed)."""
     path = Path(path)
     for _ in range(levels):
         try:
             path.rmdir()
+        except FileNotFoundError:
+            pass
         except OSError:
             return
         path = path.parent

@@ -79,8 +79,9 @@ def test_plan_prints_the_fit_table_and_records_it_in_plan_json(run_dir):
     assert 0 < record["memory_per_rank"]["total_gib"] < record["device_memory"]["per_rank_gib"]
 
 
-def test_fit_check_refuses_the_30b_a3b_command_on_this_machine(run_dir):
-    result = run_cli(["backend=nki_moe", "model=30B-A3B"], run_dir, timeout=300)
+def test_fit_check_refuses_the_30b_a3b_command_on_this_machine(tmp_path):
+    # The default run directory, outputs/runs/<date>/<time> under the working directory.
+    result = run_cli(["backend=nki_moe", "model=30B-A3B"], timeout=300, cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     err = result.stderr
@@ -90,7 +91,7 @@ def test_fit_check_refuses_the_30b_a3b_command_on_this_machine(run_dir):
     remedies = err.split("What would make it fit, most preferred first:")[1]
     assert "model=debugmodel_moe" in remedies and "device=neuron parallelism=auto" in remedies
     assert "mode=plan" in remedies and "fit.check=false" in remedies
-    assert not run_dir.exists()
+    assert list((tmp_path / "outputs" / "runs").iterdir()) == [], "neither the run directory nor its date folder may stay"
 
 
 def test_device_memory_comes_from_the_setting_or_the_accelerator_table():
