@@ -11,6 +11,13 @@ speed-up over ``GroupedExperts`` with the same parameters.
 
     python benchmarks/moe_kernels.py                          # all shapes, both dtypes
     python benchmarks/moe_kernels.py --shapes debugmodel_moe --dtypes float32
+    python benchmarks/moe_kernels.py --costs      # padded_bmm's cost constants, measured here
+
+``--costs`` measures, on the debugmodel_moe expert shape in the training dtype, the two fixed
+costs ``padded_bmm`` weighs when it picks its capacity, in rows of compute: a per-expert matmul's
+launch (the intercept of ``torch.mm`` time against rows) and the batched pass's cost per expert
+(the intercept of ``torch.bmm`` time against the capacity, over all experts). The calls are timed
+round-robin, so each finds the caches holding the others' data, as in a training step.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from torchtitan.models.common.moe import GroupedExperts
 from qwen3_trn.devices import resolve_device
 from qwen3_trn.kernels import KERNELS, MOE_SWIGLU_EXPERTS, KernelGroupedExperts
 from qwen3_trn.kernels.moe import matmul_dtype
+from qwen3_trn.kernels.moe_padded import BATCHED_PASS_ROWS, GROUP_LAUNCH_ROWS
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,29 @@ def fwd_bwd(module: GroupedExperts, x: torch.Tensor, counts: torch.Tensor) -> Ca
     return step
 
 
+def fixed_costs(shape: MoEShape, dtype: torch.dtype, rounds: int) -> None:
+    """Print the per-expert launch and batched-pass costs in rows (see ``--costs``)."""
+    experts, dim, hidden = shape.num_experts, shape.dim, shape.hidden_dim
+    weights = torch.randn(experts, hidden, dim, dtype=dtype)
+    few, many = 64, 512  # per-expert matmuls run the groups above the capacity: the larger ones
+    rows = {n: torch.randn(n, dim, dtype=dtype) for n in (few, many)}
+    padded = {c: torch.randn(experts, c, dim, dtype=dtype) for c in (1, 64)}
+    cases = {
+        **{f"mm {n}": (lambda n=n: torch.mm(rows[n], weights[0].t())) for n in rows},
+        **{f"bmm {c}": (lambda c=c: torch.bmm(padded[c], weights.transpose(1, 2))) for c in padded},
+    }
+    seconds = round_robin(cases, rounds=max(rounds, 30), max_seconds=30.0)
+    per_row = (seconds[f"mm {many}"] - seconds[f"mm {few}"]) / (many - few)
+    launch = seconds[f"mm {few}"] - few * per_row
+    per_padded_row = (seconds["bmm 64"] - seconds["bmm 1"]) / (experts * 63)
+    batched = seconds["bmm 1"] - experts * per_padded_row
+    print(
+        f"{shape.name} expert ({dim} x {hidden}), {_dtype_name(dtype)}: one row {per_row * 1e6:.2f} us in torch.mm, {per_padded_row * 1e6:.2f} us in torch.bmm"
+    )
+    print(f"per-expert matmul launch: {launch / per_row:6.0f} rows  (GROUP_LAUNCH_ROWS = {GROUP_LAUNCH_ROWS})")
+    print(f"batched pass, per expert: {batched / experts / per_row:6.0f} rows  (BATCHED_PASS_ROWS = {BATCHED_PASS_ROWS})")
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
 
@@ -133,9 +164,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--max-seconds", type=float, default=60.0, help="time budget per shape and dtype")
+    parser.add_argument("--costs", action="store_true", help="measure padded_bmm's fixed costs instead")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.costs:
+        fixed_costs(SHAPES["debugmodel_moe"], training_dtype(), args.rounds)
+        return
 
     trained = training_dtype()
     dtypes = (

@@ -20,7 +20,7 @@ def test_seed_reduced_moe_swaps_every_expert_module(tmp_path):
     assert len(experts) == 4
     assert all(isinstance(e, KernelGroupedExperts.Config) and e.kernel == "auto" for e in experts)
     assert all(layer.moe.router.top_k == 4 for layer in prepared.trainer_config.model_spec.model.layers)
-    assert prepared.trainer_config.metrics.run_info["kernel"] == "padded_bmm"
+    assert prepared.trainer_config.metrics.run_info["kernel"] == "grouped_mm"
 
 
 def test_kernels_nki_without_nki_says_what_is_missing(tmp_path):
@@ -48,8 +48,8 @@ def test_nki_moe_trains_on_cpu_with_portable_kernel(run_dir):
     records = assert_trained(result, run_dir, steps=6)
     assert records[-1]["loss"] < records[0]["loss"] - 0.2, [r["loss"] for r in records]
     summary = read_summary(run_dir)
-    assert summary["kernel"] == "padded_bmm" and summary["kernels_requested"] == "auto"
-    assert "kernel padded_bmm" in result.stdout
+    assert summary["kernel"] == "grouped_mm" and summary["kernels_requested"] == "auto"
+    assert "kernel grouped_mm" in result.stdout
 
 
 @pytest.mark.slow
@@ -61,4 +61,4 @@ def test_nki_moe_compiles_with_inductor(run_dir):
     )
     records = assert_trained(result, run_dir, steps=3)
     assert all(r["loss"] > 0 for r in records)
-    assert read_summary(run_dir)["kernel"] == "padded_bmm"
+    assert read_summary(run_dir)["kernel"] == "grouped_mm"

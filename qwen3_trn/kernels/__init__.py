@@ -5,9 +5,8 @@ The package owns:
 * the kernel registry (``registry``): operator declarations (schema, fake kernel, autograd
   formula), per-device implementations as ``torch.library`` custom ops, and the
   ``auto | portable | <name>`` selection with its errors;
-* the MoE expert operator ``moe_swiglu_experts`` and its kernels: ``padded_bmm`` (CPU default),
-  ``per_expert_mm``, ``grouped_mm`` (CUDA default, Neuron portable) in ``moe`` and
-  ``moe_padded``, and ``nki`` (Trainium, untested on hardware) in ``nki_moe``;
+* the MoE expert operator ``moe_swiglu_experts`` and its kernels: ``grouped_mm`` (CPU and CUDA default,
+  Neuron portable), ``per_expert_mm`` in ``moe``, ``padded_bmm`` in ``moe_padded``, and ``nki`` (Trainium, untested on hardware) in ``nki_moe``;
 * the layouts between torchtitan's expert tensors and the NKI kernels' blockwise layouts, and the
   token-group alignment check for Neuron (``layouts``);
 * ``KernelGroupedExperts``, the ``GroupedExperts`` swapped into torchtitan's model config by a

@@ -14,13 +14,15 @@ Portable implementations:
 
 * ``grouped_mm``: ``torch._grouped_mm`` in the input dtype, as torchtitan does. On devices that
   need aligned group offsets (Neuron: 128 rows) each expert's group is padded in a static
-  buffer first. Best on CUDA; the only portable one on Neuron.
+  buffer first. The default on CPU and CUDA (``benchmarks/experts_in_training.py``: on CPU,
+  inside training, within a few percent of torchtitan's ``GroupedExperts`` and ahead of the
+  other two); the only portable one on Neuron.
 * ``per_expert_mm``: one dense matmul per non-empty expert, written straight into row slices
   of the outputs; the SwiGLU and its gradient run once over all rows. On CPUs without native
   bf16 matmul (no AVX512-BF16/AMX) bf16 inputs are upcast once to fp32 for the matmuls, which
   is what bf16 tensor cores do too (bf16 operands, fp32 accumulation); outputs are stored in
   the input dtype. Reads the counts on the host once per call (free on CPU, a device sync
-  elsewhere). Best on CPU.
+  elsewhere).
 
 Both compute in the dtype of their inputs; neither copies weights.
 """
@@ -204,7 +206,7 @@ def _grouped_mm_strides_ok(problem: Mapping[str, int]) -> str | None:
     "moe_swiglu_experts",
     "grouped_mm",
     devices=("cpu", "cuda", "neuron"),
-    priority={"cuda": 20, "*": 10},
+    priority={"cuda": 20, "cpu": 40, "*": 10},
     shape_check=_grouped_mm_strides_ok,
 )
 def _grouped_mm_forward(x, w1, w2, w3, num_tokens_per_expert):
@@ -220,7 +222,7 @@ def _grouped_mm_forward(x, w1, w2, w3, num_tokens_per_expert):
     "moe_swiglu_experts_backward",
     "grouped_mm",
     devices=("cpu", "cuda", "neuron"),
-    priority={"cuda": 20, "*": 10},
+    priority={"cuda": 20, "cpu": 40, "*": 10},
     shape_check=_grouped_mm_strides_ok,
 )
 def _grouped_mm_backward(grad_out, x, w1, w2, w3, num_tokens_per_expert, gate, up, out):

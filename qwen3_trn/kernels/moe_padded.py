@@ -14,11 +14,13 @@ each.
 
 The capacity ``C`` is chosen per call from the counts: rows of an expert beyond ``C`` are computed
 by per-expert matmuls on their row slices, so ``C`` trades padded rows (``E * C``, computed on
-zeros) against per-expert launches (each worth ``GROUP_LAUNCH_ROWS`` rows of compute, a
-measured-order-of-magnitude figure). Balanced routing gets ``C`` near the largest group and no
-per-expert work; collapsed routing (a few experts holding most rows, as early training here
-does) gets a small ``C`` and large, efficient matmuls for the few full experts. Reads the counts
-on the host once per call (free on CPU).
+zeros) and the batched pass's fixed cost (``BATCHED_PASS_ROWS`` per expert: a bf16 ``bmm``
+prepares every expert's weights whatever ``C`` is) against per-expert launches (each worth
+``GROUP_LAUNCH_ROWS`` rows of compute). Both constants are measured orders of magnitude
+(``python benchmarks/moe_kernels.py --costs``). Balanced routing gets ``C`` near the largest
+group and no per-expert work; collapsed routing (a few experts holding all rows, as early
+training here does) gets ``C = 0``: no batched pass, one large, efficient matmul per full expert.
+Reads the counts on the host once per call (free on CPU).
 """
 
 from __future__ import annotations
@@ -36,14 +38,18 @@ from .moe import (
 )
 from .registry import register_kernel
 
-__all__ = ["GROUP_LAUNCH_ROWS", "PaddedExpertRows", "padded_capacity"]
+__all__ = ["BATCHED_PASS_ROWS", "GROUP_LAUNCH_ROWS", "PaddedExpertRows", "padded_capacity"]
 
-# The cost of one expert's per-expert matmuls beyond their FLOPs, in rows of compute.
-GROUP_LAUNCH_ROWS = 64
+# The cost of one expert's per-expert matmul beyond its FLOPs, in rows of compute (measured with
+# cold caches, as in training, where other experts' weights pass through between two calls).
+GROUP_LAUNCH_ROWS = 256
+# The cost of the batched pass beyond its FLOPs, per expert, in rows of compute.
+BATCHED_PASS_ROWS = 40
 
 
 def padded_capacity(counts: list[int]) -> int:
-    """The ``C`` minimising ``E * C + sum(max(n_e - C, 0)) + GROUP_LAUNCH_ROWS * #{e: n_e > C}``.
+    """The ``C`` minimising ``sum(max(n_e - C, 0)) + GROUP_LAUNCH_ROWS * #{e: n_e > C}`` plus, for
+    ``C > 0``, ``E * (C + BATCHED_PASS_ROWS)``.
 
     The minimum lies at one of the counts or at 0; with the counts sorted descending, the experts
     above the candidate ``d[k]`` (the first of its ties) are exactly the first ``k``.
@@ -53,7 +59,8 @@ def padded_capacity(counts: list[int]) -> int:
     best, best_cost, above = 0, float("inf"), 0  # above: sum of the first k counts
     for k, candidate in enumerate(descending):
         if k == 0 or descending[k - 1] != candidate:
-            cost = experts * candidate + (above - k * candidate) + GROUP_LAUNCH_ROWS * k
+            batched = experts * (candidate + BATCHED_PASS_ROWS) if candidate else 0
+            cost = batched + (above - k * candidate) + GROUP_LAUNCH_ROWS * k
             if cost < best_cost:
                 best, best_cost = candidate, cost
         above += candidate

@@ -118,10 +118,12 @@ TOO_NARROW = moe_problem(dim=256, hidden_dim=768, num_experts=64)  # debugmodel_
 
 
 def test_moe_auto_on_cpu_and_cuda_picks_the_fastest_portable_kernel():
-    assert resolved_kernel_name("auto", "cpu") == "padded_bmm"
-    assert resolved_kernel_name("portable", "cpu") == "padded_bmm"
+    assert resolved_kernel_name("auto", "cpu") == "grouped_mm"
+    assert resolved_kernel_name("portable", "cpu") == "grouped_mm"
     assert resolved_kernel_name("auto", "cuda") == "grouped_mm"
-    assert resolved_kernel_name("grouped_mm", "cpu") == "grouped_mm"
+    assert resolved_kernel_name("padded_bmm", "cpu") == "padded_bmm"
+    # grouped_mm needs 16-byte aligned strides: the next portable kernel runs widths it cannot
+    assert resolved_kernel_name("auto", "cpu", dim=60, hidden_dim=96, num_experts=4) == "padded_bmm"
 
 
 def test_nki_requested_where_it_cannot_import_raises_with_the_failed_import_and_fix():
@@ -141,7 +143,7 @@ def test_nki_is_never_selected_off_neuron_devices(monkeypatch):
     monkeypatch.setattr(_nki_impl(), "probe", lambda: None)
     with pytest.raises(KernelUnavailableError, match=r"runs on \['neuron'\], not on 'cpu'"):
         resolved_kernel_name("nki", "cpu")
-    assert resolved_kernel_name("auto", "cpu") == "padded_bmm"
+    assert resolved_kernel_name("auto", "cpu") == "grouped_mm"
 
 
 def test_nki_selected_when_its_imports_succeed(monkeypatch):

@@ -162,10 +162,11 @@ def test_kernel_experts_in_fp32_compute_in_fp32(kernel):
 
 
 def _padding_cost(counts, capacity):
-    from qwen3_trn.kernels.moe_padded import GROUP_LAUNCH_ROWS
+    from qwen3_trn.kernels.moe_padded import BATCHED_PASS_ROWS, GROUP_LAUNCH_ROWS
 
     beyond = [count - capacity for count in counts if count > capacity]
-    return len(counts) * capacity + sum(beyond) + GROUP_LAUNCH_ROWS * len(beyond)
+    batched = len(counts) * (capacity + BATCHED_PASS_ROWS) if capacity else 0
+    return batched + sum(beyond) + GROUP_LAUNCH_ROWS * len(beyond)
 
 
 def test_padded_capacity_minimises_padding_plus_per_expert_launches():
@@ -180,6 +181,7 @@ def test_padded_capacity_minimises_padding_plus_per_expert_launches():
         assert _padding_cost(counts, padded_capacity(counts)) == best, counts
     assert padded_capacity([64] * 64) == 64  # balanced: everything padded, nothing per expert
     assert padded_capacity([512] * 8 + [0] * 56) == 0  # collapsed: only per-expert matmuls
+    assert padded_capacity([510] * 7 + [41, 15, 2, 1] + [0] * 53) == 0  # no batched pass for a few rows
 
 
 @pytest.mark.parametrize("counts", [[3, 0, 40, 2, 0, 5], [4, 4, 4, 4, 4, 4], [0, 0, 24, 0, 0, 0], [6, 0, 9, 1, 0, 30]])

@@ -1,0 +1,75 @@
+"""The expert implementations inside one training run: torchtitan's ``GroupedExperts`` and every
+project kernel, swapped between steps of one Trainer.
+
+    python benchmarks/experts_in_training.py                       # debugmodel_moe, 2 layers
+    python benchmarks/experts_in_training.py --steps 48 model.top_k=2
+
+One process, one Trainer built as ``python -m qwen3_trn backend=nki_moe`` builds it. After the
+warm-up steps, the steps rotate over the implementations (each MoE layer's experts switched
+between steps), so all of them see the same weights, routing, data and machine state; what
+separate runs would add (process start, allocator and page-cache state, a neighbour's load)
+falls on all alike. The routing is the one training produces, not a random one. Prints each
+implementation's median step time and its ratio to ``GroupedExperts``, with every step's figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import types
+
+from inprocess import single_rank_trainer_config
+from torchtitan.models.common.moe import GroupedExperts
+
+from qwen3_trn.kernels import KERNELS, MOE_SWIGLU_EXPERTS, KernelGroupedExperts
+
+DEFAULT_OVERRIDES = ["backend=nki_moe", "model=debugmodel_moe", "model.n_layers=2", "training.seq_len=256", "logger=none"]
+BASELINE = "torchtitan GroupedExperts"
+WARMUP = 4
+
+
+def _use(module: KernelGroupedExperts, implementation: str) -> None:
+    if implementation == BASELINE:
+        module.forward = types.MethodType(GroupedExperts.forward, module)
+    else:
+        module.__dict__.pop("forward", None)
+        module.kernel = implementation
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=40, help="measured steps, rotating over the implementations")
+    parser.add_argument("overrides", nargs="*", default=DEFAULT_OVERRIDES)
+    args = parser.parse_args()
+    portable = sorted(name for name, impl in KERNELS.impls(MOE_SWIGLU_EXPERTS.name).items() if impl.portable and "cpu" in impl.devices)
+    implementations = [BASELINE, *portable]
+    times: dict[str, list[float]] = {name: [] for name in implementations}
+    with tempfile.TemporaryDirectory() as out_dir:
+        _, config = single_rank_trainer_config([*args.overrides, f"training.steps={args.steps + WARMUP + 1}"], out_dir)
+        trainer = config.build()
+        try:
+            experts = [m for m in trainer.model_parts[0].modules() if isinstance(m, KernelGroupedExperts)]
+            data = trainer.batch_generator(trainer.dataloader)
+            for index in range(WARMUP + args.steps):
+                name = implementations[index % len(implementations)]
+                for module in experts:
+                    _use(module, name)
+                start = time.perf_counter()
+                trainer.step += 1
+                trainer.train_step(data)
+                if index >= WARMUP:
+                    times[name].append(time.perf_counter() - start)
+        finally:
+            trainer.close()
+    print(f"{' '.join(args.overrides)}; {args.steps} steps rotating after {WARMUP} warm-up steps")
+    baseline = statistics.median(times[BASELINE])
+    for name, values in times.items():
+        median = statistics.median(values)
+        figures = ", ".join(f"{1e3 * v:.0f}" for v in values)
+        print(f"{name:26s} median {1e3 * median:6.0f} ms  {baseline / median:5.2f}x  [{figures}]")
+
+
+if __name__ == "__main__":
+    main()
