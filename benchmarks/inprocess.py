@@ -2,7 +2,8 @@
 
 Shared by the benchmark scripts that drive torchtitan's Trainer directly (titan_direct.py,
 moe_profile.py): Hydra composition of ``conf/``, the project's validation into a ``RunConfig``,
-device activation and ``to_trainer_config``, for a single rank.
+device activation and ``to_trainer_config``, for a single rank, under the host allocator the
+command uses.
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from qwen3_trn.allocator import exec_with_tcmalloc
+
+# The host allocator the command runs under (qwen3_trn.allocator): may restart this script once.
+exec_with_tcmalloc()
 
 from hydra import compose, initialize_config_dir
 from torchtitan.trainer import Trainer

@@ -10,7 +10,8 @@ Headline: ``model=debugmodel_moe model.n_layers=2`` (64 experts, top-8) against
 ``model=debugmodel model.n_layers=2``, default batch (2 x 256 tokens). Each round runs every
 configuration once, the order rotating between rounds; the tables print medians over rounds
 and every run's figure, so a shared machine's load falls on all configurations alike.
-``--baseline-checkout DIR`` adds ``backend=nki_moe`` run from another checkout of this project
+``--glibc`` adds ``backend=nki_moe`` under tuned glibc malloc (``QWEN3_TRN_HOST_ALLOCATOR=glibc``)
+instead of the tcmalloc the command restarts under where it is installed. ``--baseline-checkout DIR`` adds ``backend=nki_moe`` run from another checkout of this project
 (e.g. ``git worktree add /tmp/before <rev>``) to the same rounds. ``--grid`` measures
 backend=native against backend=nki_moe over top_k in {1, 2, 4, 8} and 16-128 experts.
 
@@ -31,7 +32,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from inprocess import REPO  # puts the checkout's qwen3_trn first on sys.path
+
+from qwen3_trn.allocator import HOST_ALLOCATOR_ENV
+
 COMMON = ["model.n_layers=2", "training.seq_len=256", "logger=none"]
 MOE = ["model=debugmodel_moe"]
 
@@ -41,6 +45,7 @@ class RunSpec:
     label: str
     overrides: tuple[str, ...]
     checkout: Path = REPO
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -60,7 +65,7 @@ class Runs:
 
 def run(spec: RunSpec, extra: list[str], out: Path) -> dict:
     cmd = [sys.executable, "-m", "qwen3_trn", *spec.overrides, *extra, f"hydra.run.dir={out}"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(spec.checkout)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(spec.checkout), **dict(spec.env)}
     done = subprocess.run(cmd, check=False, cwd=spec.checkout, capture_output=True, text=True, env=env)
     if done.returncode:
         sys.exit(f"failed (in {spec.checkout}): {' '.join(cmd)}\n{done.stderr[-3000:]}")
@@ -91,6 +96,8 @@ def headline(args: argparse.Namespace) -> None:
         RunSpec("MoE native", ("backend=native", *MOE, *COMMON)),
         RunSpec("MoE nki_moe", ("backend=nki_moe", *MOE, *COMMON)),
     ]
+    if args.glibc:
+        specs.append(RunSpec("MoE nki_moe, glibc", ("backend=nki_moe", *MOE, *COMMON), env=((HOST_ALLOCATOR_ENV, "glibc"),)))
     if args.baseline_checkout:
         specs.append(RunSpec("MoE nki_moe, baseline", ("backend=nki_moe", *MOE, *COMMON), args.baseline_checkout))
     extra = [f"training.steps={args.steps}", *args.overrides]
@@ -107,6 +114,8 @@ def headline(args: argparse.Namespace) -> None:
     dense, native, ours = results["dense (native)"], results["MoE native"], results["MoE nki_moe"]
     print(f"nki_moe / dense:  MFU ratio {ours.mfu / dense.mfu:.2f} (target >= 0.80), tokens/s ratio {ours.tps / dense.tps:.2f}")
     print(f"nki_moe / native: MFU ratio {ours.mfu / native.mfu:.2f}, tokens/s ratio {ours.tps / native.tps:.2f}")
+    if args.glibc:
+        print(f"nki_moe / nki_moe under tuned glibc malloc: tokens/s ratio {ours.tps / results['MoE nki_moe, glibc'].tps:.2f}")
     if args.baseline_checkout:
         base = results["MoE nki_moe, baseline"]
         print(f"nki_moe / baseline checkout ({args.baseline_checkout}): tokens/s ratio {ours.tps / base.tps:.2f} (target >= 2.00)")
@@ -141,6 +150,7 @@ def main() -> None:
     parser.add_argument(
         "--baseline-checkout", type=Path, default=None, help="another checkout of this project whose backend=nki_moe joins the rounds"
     )
+    parser.add_argument("--glibc", action="store_true", help="add backend=nki_moe under tuned glibc malloc instead of tcmalloc")
     parser.add_argument("--grid", action="store_true", help="native vs nki_moe over top_k x num_experts")
     parser.add_argument("--top-k", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--experts", type=int, nargs="+", default=[16, 64, 128])

@@ -10,12 +10,18 @@ import os
 import sys
 from pathlib import Path
 
-import hydra
-from omegaconf import DictConfig
+from qwen3_trn.allocator import exec_with_tcmalloc
 
-from qwen3_trn.app import exit_status, run
-from qwen3_trn.config import register_schema
-from qwen3_trn.records import TRACEBACK_ENV
+# First, before torch is loaded: an allocator that replaces malloc must be in the process from
+# its start, so this may restart the command once with tcmalloc preloaded (qwen3_trn.allocator).
+exec_with_tcmalloc()
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from qwen3_trn.app import exit_status, run  # noqa: E402
+from qwen3_trn.config import register_schema  # noqa: E402
+from qwen3_trn.records import TRACEBACK_ENV  # noqa: E402
 
 register_schema()
 

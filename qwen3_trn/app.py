@@ -31,6 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.table import Table
 
+from qwen3_trn.allocator import host_allocator_choice
 from qwen3_trn.config.composition import composition_error
 from qwen3_trn.config.schema import Mode
 from qwen3_trn.config.typed import to_run_config
@@ -146,6 +147,7 @@ def _check_in_subprocess(run_dir: Path) -> dict:
 
 
 def execute(cfg_node: DictConfig) -> dict | None:
+    host_allocator_choice()  # an unknown QWEN3_TRN_HOST_ALLOCATOR is bad input, refused here
     cfg = to_run_config(cfg_node)
     remember_env(cfg.launcher.env)
     launcher = build_launcher(cfg.launcher)
