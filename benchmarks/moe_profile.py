@@ -15,6 +15,12 @@ Time is attributed to the region of the model that issued it:
 A region's time is the wall time of its ops plus the Python between them. Printed per
 configuration: the breakdown (ms per step and share of the step) and the top operators by self
 time. The machine may be shared: the absolute figures move with its load, the shares much less.
+
+Per-parameter work (FSDP's casts and reduce, the optimizer) is also set against its floor: the
+memory traffic of the passes torch makes over every parameter (``PER_PARAMETER_BYTES``) at this
+machine's measured copy bandwidth. With the dense model profiled too, the last lines bound each
+MoE configuration: its own model work at the dense model's FLOP rate plus per-parameter work at
+that floor, the best MFU ratio to dense this machine allows with these passes.
 """
 
 from __future__ import annotations
@@ -219,6 +225,7 @@ def profile_one(overrides: list[str], warmup: int, steps: int, top: int, region_
             faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps
         finally:
             trainer.close()
+    bandwidth = copy_bandwidth()
     regions, per_op = breakdown(prof.events(), seconds, steps)
     tokens = cfg.training.local_batch_size * cfg.training.seq_len
     metrics = trainer.metrics_processor
@@ -235,7 +242,27 @@ def profile_one(overrides: list[str], warmup: int, steps: int, top: int, region_
         "region_ops": {region: top_operators({region: ops}, region_top) for region, ops in per_op.items()},
         "threads": torch.get_num_threads(),
         "page_faults_per_step": faults,
+        "copy_bandwidth": bandwidth,
     }
+
+
+# Memory traffic of the per-parameter work, bytes per parameter and step, each pass counted once:
+# fused AdamW reads fp32 parameter, gradient and both moments and writes three of them back; the
+# gradient-norm clip reads the gradients once for the norm and once more to scale them in place;
+# FSDP casts each parameter to bf16 and each bf16 gradient back to fp32.
+PER_PARAMETER_BYTES = {"AdamW": 28, "clipping": 12, "FSDP casts": 12}
+
+
+def copy_bandwidth(elements: int = 64 * 2**20, repeats: int = 15) -> float:
+    """Bytes per second moved (read + write) by ``copy_`` between two fp32 buffers: the fastest
+    of ``repeats`` copies, so that the floor it sets is one no pass can beat."""
+    src, dst = torch.randn(elements), torch.empty(elements)
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        seconds.append(time.perf_counter() - start)
+    return 2 * 4 * elements / min(seconds)
 
 
 def print_report(name: str, result: dict) -> None:
@@ -265,6 +292,12 @@ def print_report(name: str, result: dict) -> None:
         f"MFU {mfu:.1f} % (unprofiled step); per-parameter work (FSDP + optimizer) {100 * per_parameter:.0f} % "
         f"of the step; MFU of the rest {mfu / (1 - per_parameter):.1f} %"
     )
+    floor_ms = 1e3 * result["parameters"] * sum(PER_PARAMETER_BYTES.values()) / result["copy_bandwidth"]
+    traffic = ", ".join(f"{name} {size}" for name, size in PER_PARAMETER_BYTES.items())
+    print(
+        f"per-parameter work {per_parameter * step_ms:.0f} ms; its memory traffic ({traffic} bytes per parameter) "
+        f"at this machine's copy bandwidth ({result['copy_bandwidth'] / 1e9:.1f} GB/s) takes at least {floor_ms:.0f} ms"
+    )
     print(f"\n{'top operators (self time)':52s} {'calls':>6s} {'ms/step':>9s} {'share':>7s}")
     for op, calls, ms in result["top_ops"]:
         print(f"{op[:52]:52s} {calls:6.0f} {ms:9.1f} {100 * ms / step_ms:6.1f}%")
@@ -286,6 +319,7 @@ def main() -> None:
         print("RESULT " + json.dumps(result))
         return
     print(f"torch {torch.__version__}, load average {os.getloadavg()[0]:.2f} (the machine may be shared)")
+    results: dict[str, dict] = {}
     for name in args.configs:
         cmd = [
             sys.executable,
@@ -307,7 +341,37 @@ def main() -> None:
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if done.returncode or not lines:
             sys.exit(f"failed: {' '.join(cmd)}\n{done.stderr[-3000:]}")
-        print_report(name, json.loads(lines[-1][len("RESULT ") :]))
+        results[name] = json.loads(lines[-1][len("RESULT ") :])
+        print_report(name, results[name])
+    if "dense" in results:
+        print_bound(results)
+
+
+def _per_parameter_share(result: dict) -> float:
+    regions = result["regions_ms"]
+    return (regions.get(FSDP, 0.0) + regions.get(OPTIMIZER, 0.0)) / (result["profiled_step_s"] * 1e3)
+
+
+def print_bound(results: dict[str, dict]) -> None:
+    """The best MFU ratio to dense a MoE step could reach here: the model's own work (all but the
+    per-parameter work) at the dense model's FLOP rate, and the per-parameter work at its
+    memory-traffic floor."""
+    dense = results["dense"]
+    rest_s_per_flop = dense["step_s"] * (1 - _per_parameter_share(dense)) / dense["flops_per_token"]
+    dense_rate = dense["flops_per_token"] / dense["step_s"]
+    print(
+        f"\nbound: the model's work at the dense model's FLOP rate, per-parameter work at its floor ({sum(PER_PARAMETER_BYTES.values())} bytes per parameter)"
+    )
+    for name, result in results.items():
+        if name == "dense":
+            continue
+        floor_s = result["parameters"] * sum(PER_PARAMETER_BYTES.values()) / result["copy_bandwidth"]
+        step_s = rest_s_per_flop * result["flops_per_token"] + floor_s
+        ratio = (result["flops_per_token"] / step_s) / dense_rate
+        measured = (result["flops_per_token"] / result["step_s"]) / dense_rate
+        print(
+            f"{name}: step >= {step_s * 1e3:.0f} ms (measured {result['step_s'] * 1e3:.0f}); MFU / dense <= {ratio:.2f} (measured {measured:.2f})"
+        )
 
 
 if __name__ == "__main__":
