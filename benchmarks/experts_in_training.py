@@ -9,7 +9,8 @@ warm-up steps, the steps rotate over the implementations (each MoE layer's exper
 between steps), so all of them see the same weights, routing, data and machine state; what
 separate runs would add (process start, allocator and page-cache state, a neighbour's load)
 falls on all alike. The routing is the one training produces, not a random one. Prints each
-implementation's median step time and its ratio to ``GroupedExperts``, with every step's figure.
+implementation's median step time and its ratio to ``GroupedExperts``, with every step's figure,
+and the routing of the last step (the busiest experts' row counts, per MoE layer).
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def main() -> None:
         trainer = config.build()
         try:
             experts = [m for m in trainer.model_parts[0].modules() if isinstance(m, KernelGroupedExperts)]
+            routed: dict[int, list[int]] = {}
+            for layer, module in enumerate(experts):
+                module.register_forward_pre_hook(lambda _m, args, layer=layer: routed.__setitem__(layer, args[1].tolist()))
             data = trainer.batch_generator(trainer.dataloader)
             for index in range(WARMUP + args.steps):
                 name = implementations[index % len(implementations)]
@@ -69,6 +73,12 @@ def main() -> None:
         median = statistics.median(values)
         figures = ", ".join(f"{1e3 * v:.0f}" for v in values)
         print(f"{name:26s} median {1e3 * median:6.0f} ms  {baseline / median:5.2f}x  [{figures}]")
+    for layer, counts in routed.items():
+        busiest = sorted(counts, reverse=True)
+        print(
+            f"MoE layer {layer}, last step: {sum(counts)} routed rows over {len(counts)} experts, "
+            f"{sum(1 for c in counts if c == 0)} empty; the busiest hold {busiest[:10]}"
+        )
 
 
 if __name__ == "__main__":
