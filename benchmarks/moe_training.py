@@ -32,7 +32,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inprocess import REPO  # puts the checkout's qwen3_trn first on sys.path
+# Not inprocess: this script starts commands, and must not restart under the runs' allocator.
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 from qwen3_trn.allocator import HOST_ALLOCATOR_ENV
 
