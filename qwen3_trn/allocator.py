@@ -16,8 +16,9 @@ is installed:
   restarts itself once with it in ``LD_PRELOAD`` (:func:`exec_with_tcmalloc`; ``exec`` keeps
   the process id); worker processes inherit it.
 * glibc, tuned (:func:`retain_freed_memory`): large blocks from the heap, and the heap never
-  trimmed. Most steps reuse their pages, but where a large block finds no free one of its size
-  the heap grows again, and that step faults.
+  trimmed. Many steps then reuse their pages, but where a large block finds no free one of its
+  size, or the heap cannot grow in place (it depends on the address-space layout), glibc takes
+  fresh pages again and that step faults.
 
 ``QWEN3_TRN_HOST_ALLOCATOR`` chooses: ``auto`` (the default: tcmalloc where installed, else
 tuned glibc), ``glibc`` (tuned glibc even where tcmalloc is installed) or ``system`` (neither:
