@@ -87,8 +87,11 @@ def uses_tcmalloc() -> bool:
 def exec_with_tcmalloc() -> None:
     """Restart this command with tcmalloc preloaded, where ``auto`` chooses it and it is installed
     but not loaded; otherwise return and change nothing."""
-    # Only the default restarts; an unknown value is reported later, as bad input (retain_freed_memory).
-    if os.environ.get(HOST_ALLOCATOR_ENV, "auto") not in ("auto", "") or uses_tcmalloc() or os.environ.get(_RESTARTED_ENV):
+    try:
+        choice = host_allocator_choice()
+    except ConfigError:
+        return  # reported as bad input once the command runs (app.execute), before anything starts
+    if choice != "auto" or uses_tcmalloc() or os.environ.get(_RESTARTED_ENV):
         return
     library = tcmalloc_library()
     if library is None or not hasattr(sys, "orig_argv"):
