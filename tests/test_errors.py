@@ -9,7 +9,7 @@ import pytest
 
 from qwen3_trn.app import execute, to_run_config
 from qwen3_trn.errors import ConfigError
-from tests.conftest import compose_config, run_cli
+from tests.conftest import compose_config, run_cli, run_in_process
 
 
 @pytest.mark.parametrize(
@@ -57,20 +57,25 @@ def _binary_data_file(tmp_path):
     return ["data=files", f"data.path={tmp_path / 'blob.jsonl.gz'}"]
 
 
-@pytest.mark.parametrize(
-    "args,needle",
-    [
-        (["model=nonexistent"], "Available options in 'model'"),
-        (["model.n_layerz=2"], "model.n_layerz"),
-        (["training.steps=many"], "training.steps"),
-        (["+training.foo=1"], "training.foo"),
-        (["model=tiny_moe", "model.top_k=16"], "model.top_k"),
-        (_bad_yaml_in_config_dir, "mine.yaml, line 2, column 1: malformed YAML"),
-        (["optimizer.beta2=1.5"], "optimizer.beta2: must be < 1"),
-        (_binary_data_file, "blob.jsonl.gz is not text"),
-        (["training.seq_len=[32"], "training.seq_len: cannot parse the override"),
-    ],
-)
+# One real command line for each kind of bad input: Hydra's composition, a project check, the
+# config files, the data, the override syntax. The rest take the command's path in-process
+# (``run_in_process``: Hydra's compose, the app's task function, the same exit-status contract).
+CLI_CASES = [
+    (["model=nonexistent"], "Available options in 'model'"),
+    (["model=tiny_moe", "model.top_k=16"], "model.top_k"),
+    (_bad_yaml_in_config_dir, "mine.yaml, line 2, column 1: malformed YAML"),
+    (_binary_data_file, "blob.jsonl.gz is not text"),
+    (["training.seq_len=[32"], "training.seq_len: cannot parse the override"),
+]
+IN_PROCESS_CASES = [
+    (["model.n_layerz=2"], "model.n_layerz"),
+    (["training.steps=many"], "training.steps"),
+    (["+training.foo=1"], "training.foo"),
+    (["optimizer.beta2=1.5"], "optimizer.beta2: must be < 1"),
+]
+
+
+@pytest.mark.parametrize("args,needle", CLI_CASES)
 def test_cli_reports_errors_without_traceback(args, needle, tmp_path):
     """Exit status 2 from ``python -m qwen3_trn`` for Hydra's composition errors and the
     project's own checks alike; the run directory Hydra creates first is removed again."""
@@ -80,6 +85,16 @@ def test_cli_reports_errors_without_traceback(args, needle, tmp_path):
     assert result.returncode == 2, result.stderr[-3000:]
     assert needle in result.stderr
     assert "Traceback" not in result.stderr
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("args,needle", IN_PROCESS_CASES)
+def test_command_path_reports_errors_without_traceback(args, needle, tmp_path):
+    run_dir = tmp_path / "runs" / "run"
+    code, stderr = run_in_process(args, run_dir)
+    assert code == 2, stderr[-3000:]
+    assert needle in stderr
+    assert "Traceback" not in stderr
     assert not run_dir.exists()
 
 
