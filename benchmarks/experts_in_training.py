@@ -10,7 +10,10 @@ between steps), so all of them see the same weights, routing, data and machine s
 separate runs would add (process start, allocator and page-cache state, a neighbour's load)
 falls on all alike. The routing is the one training produces, not a random one. Prints each
 implementation's median step time and its ratio to ``GroupedExperts``, with every step's figure,
-and the routing of the last step (the busiest experts' row counts, per MoE layer).
+and the routing of the last step (the busiest experts' row counts, per MoE layer). With
+``--no-expert-math`` the rotation also has steps whose experts return zeros (outputs and weight
+gradients): each implementation's median step minus theirs is its expert math's cost inside
+training, beside what ``benchmarks/expert_layer_cost.py`` measures for it alone.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import tempfile
 import time
 import types
 
+import torch
 from inprocess import single_rank_trainer_config
 from torchtitan.models.common.moe import GroupedExperts
 
@@ -28,12 +32,33 @@ from qwen3_trn.kernels import KERNELS, MOE_SWIGLU_EXPERTS, KernelGroupedExperts
 
 DEFAULT_OVERRIDES = ["backend=nki_moe", "model=debugmodel_moe", "model.n_layers=2", "training.seq_len=256", "logger=none"]
 BASELINE = "torchtitan GroupedExperts"
+# The experts' outputs and weight gradients as zeros, at the cost of allocating them: the
+# difference to the others' step time is what their expert math costs inside a training step.
+NO_EXPERT_MATH = "no expert math (zeros)"
 WARMUP = 4
+
+
+class _Zeros(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w1, w2, w3):
+        ctx.shapes = x, w1, w2, w3
+        return x.new_zeros(x.shape)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return tuple(torch.zeros_like(t) for t in ctx.shapes)
+
+
+def _zeros_forward(module: KernelGroupedExperts, x: torch.Tensor, _num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
+    weights = (w.to_local() if hasattr(w, "to_local") else w for w in (module.w1_EFD, module.w2_EDF, module.w3_EFD))
+    return _Zeros.apply(x, *weights)
 
 
 def _use(module: KernelGroupedExperts, implementation: str) -> None:
     if implementation == BASELINE:
         module.forward = types.MethodType(GroupedExperts.forward, module)
+    elif implementation == NO_EXPERT_MATH:
+        module.forward = types.MethodType(_zeros_forward, module)
     else:
         module.__dict__.pop("forward", None)
         module.kernel = implementation
@@ -42,10 +67,13 @@ def _use(module: KernelGroupedExperts, implementation: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=40, help="measured steps, rotating over the implementations")
+    parser.add_argument(
+        "--no-expert-math", action="store_true", help=f"also rotate in {NO_EXPERT_MATH!r}: the expert math's cost in a step"
+    )
     parser.add_argument("overrides", nargs="*", default=DEFAULT_OVERRIDES)
     args = parser.parse_args()
     portable = sorted(name for name, impl in KERNELS.impls(MOE_SWIGLU_EXPERTS.name).items() if impl.portable and "cpu" in impl.devices)
-    implementations = [BASELINE, *portable]
+    implementations = [BASELINE, *portable, *([NO_EXPERT_MATH] if args.no_expert_math else [])]
     times: dict[str, list[float]] = {name: [] for name in implementations}
     with tempfile.TemporaryDirectory() as out_dir:
         _, config = single_rank_trainer_config([*args.overrides, f"training.steps={args.steps + WARMUP + 1}"], out_dir)
@@ -73,6 +101,12 @@ def main() -> None:
         median = statistics.median(values)
         figures = ", ".join(f"{1e3 * v:.0f}" for v in values)
         print(f"{name:26s} median {1e3 * median:6.0f} ms  {baseline / median:5.2f}x  [{figures}]")
+    if args.no_expert_math:
+        without = statistics.median(times[NO_EXPERT_MATH])
+        costs = ", ".join(
+            f"{name} {1e3 * (statistics.median(times[name]) - without):.0f} ms" for name in implementations if name != NO_EXPERT_MATH
+        )
+        print(f"expert math in a training step (median step minus the step without it): {costs}")
     for layer, counts in routed.items():
         busiest = sorted(counts, reverse=True)
         print(
