@@ -4,11 +4,11 @@ routing training produces, beside the dense feed-forward's matmuls.
     python benchmarks/expert_layer_cost.py
     python benchmarks/expert_layer_cost.py --rounds 30 model.top_k=2
 
-Trains a few steps in one process exactly as ``python -m qwen3_trn backend=nki_moe`` does
-(``benchmarks/inprocess.py``) and keeps what each MoE layer's experts received in the last step:
-the routed rows, the per-expert row counts and the weights in the dtype the matmuls run in.
-Then, in the same process, round by round in turn (medians over the rounds), forward + backward
-of every MoE layer through:
+Trains ``--train-steps`` steps in one process exactly as ``python -m qwen3_trn backend=nki_moe``
+does (``benchmarks/inprocess.py``) and keeps what each MoE layer's experts received in the last
+step: the routed rows, the per-expert row counts and the weights in the dtype the matmuls run
+in. Then, in the same process, round by round in turn (each round starting one piece further
+on; medians over the rounds), forward + backward of every MoE layer through:
 
 * the expert operator with the kernel training resolved, once more after the caches were evicted
   (as the rest of a training step evicts them), and torchtitan's ``GroupedExperts``;
@@ -44,7 +44,6 @@ from qwen3_trn.kernels.moe import moe_problem, swiglu, swiglu_backward
 
 DEFAULT_OVERRIDES = ["backend=nki_moe", "model=debugmodel_moe", "model.n_layers=2", "training.seq_len=256", "logger=none"]
 DENSE_FLAVOR = "debugmodel"
-TRAINING_STEPS = 6
 # The operator once more, after a pass over a buffer several times the last-level cache: in a
 # training step the other layers' weights and activations pass through the caches in between.
 COLD = "expert operator, caches evicted first"
@@ -68,9 +67,9 @@ class ExpertInputs:
         return [(e, end - n, end) for e, (n, end) in enumerate(zip(self.counts.tolist(), bounds, strict=True)) if n]
 
 
-def capture_expert_inputs(overrides: list[str], out_dir: str) -> tuple[list[ExpertInputs], int]:
-    """Train ``TRAINING_STEPS`` steps; every MoE layer's expert inputs of the last, and the tokens a step."""
-    cfg, config = single_rank_trainer_config([*overrides, f"training.steps={TRAINING_STEPS + 1}"], out_dir)
+def capture_expert_inputs(overrides: list[str], out_dir: str, steps: int) -> tuple[list[ExpertInputs], int]:
+    """Train ``steps`` steps; every MoE layer's expert inputs of the last, and the tokens a step."""
+    cfg, config = single_rank_trainer_config([*overrides, f"training.steps={steps + 1}"], out_dir)
     trainer = config.build()
     captured: dict[int, ExpertInputs] = {}
     try:
@@ -89,7 +88,7 @@ def capture_expert_inputs(overrides: list[str], out_dir: str) -> tuple[list[Expe
         for layer, module in enumerate(experts):
             module.register_forward_pre_hook(lambda m, args, layer=layer: keep(layer, m, args))
         data = trainer.batch_generator(trainer.dataloader)
-        for _ in range(TRAINING_STEPS):
+        for _ in range(steps):
             trainer.step += 1
             trainer.train_step(data)
     finally:
@@ -209,11 +208,14 @@ def matmul_gflop(rows: int, dim: int, hidden: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20, help="timed rounds; every piece runs once a round, in turn")
+    parser.add_argument(
+        "--train-steps", type=int, default=50, help="training steps before the routing is kept (it changes as training goes)"
+    )
     parser.add_argument("overrides", nargs="*", default=DEFAULT_OVERRIDES)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as out_dir:
-        layers, tokens = capture_expert_inputs(args.overrides, out_dir)
+        layers, tokens = capture_expert_inputs(args.overrides, out_dir, args.train_steps)
     dtype = layers[0].x.dtype
     experts, hidden, dim = layers[0].w1.shape
     dense_hidden = dense_hidden_dim(DENSE_FLAVOR)
@@ -244,8 +246,12 @@ def main() -> None:
     for run, _ in pieces.values():  # warm-up
         run()
     evict = torch.empty(EVICTION_BYTES // 4)
-    for _ in range(args.rounds):
-        for name, (run, _) in pieces.items():
+    names = list(pieces)
+    for round_index in range(args.rounds):
+        # Each round starts one piece further on, so that no piece always follows the same one.
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            run = pieces[name][0]
             if name == COLD:
                 evict.add_(1.0)
             start = time.perf_counter()
@@ -254,7 +260,9 @@ def main() -> None:
     ms = {name: 1e3 * statistics.median(values) for name, values in times.items()}
     rate = {name: pieces[name][1] / (ms[name] / 1e3) for name in pieces if pieces[name][1]}
 
-    print(f"{' '.join(args.overrides)}: {dtype}, {torch.get_num_threads()} threads, {args.rounds} rounds (medians)")
+    print(
+        f"{' '.join(args.overrides)}: routing of training step {args.train_steps}, {dtype}, {torch.get_num_threads()} threads, {args.rounds} rounds (medians)"
+    )
     for layer, e in enumerate(layers):
         counts = e.counts.tolist()
         print(
