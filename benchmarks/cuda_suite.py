@@ -66,8 +66,13 @@ CASES = (
 )
 
 
+def case_overrides(case: Case, extra: list[str]) -> list[str]:
+    """The case's overrides, as its command line passes them."""
+    return [*COMMON, *case.overrides, *extra]
+
+
 def command(case: Case, extra: list[str], run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "qwen3_trn", *COMMON, *case.overrides, *extra, f"hydra.run.dir={run_dir}"]
+    return [sys.executable, "-m", "qwen3_trn", *case_overrides(case, extra), f"hydra.run.dir={run_dir}"]
 
 
 def _run(cmd: list[str]) -> subprocess.CompletedProcess:

@@ -219,7 +219,7 @@ def main() -> None:
     dtype = layers[0].x.dtype
     experts, hidden, dim = layers[0].w1.shape
     dense_hidden = dense_hidden_dim(DENSE_FLAVOR)
-    routed = [e.x.shape[0] for e in layers]
+    expert_gflop = sum(matmul_gflop(e.x.shape[0], dim, hidden) for e in layers)
 
     per_expert = [([(i, (s, t)) for i, s, t in e.ranges], e.w1, e.w2, e.x) for e in layers]
     stacked = [([(0, (0, e.x.shape[0]))], e.w1[:1], e.w2[:1], e.x) for e in layers]
@@ -230,14 +230,14 @@ def main() -> None:
     # The dense layer's work is scaled to the experts' FLOPs by its rate, so one layer is enough.
     operator_name = f"expert operator ({layers[0].kernel.impl_name})"
     pieces: dict[str, tuple[Callable[[], None], float]] = {
-        operator_name: (_operator(layers), sum(matmul_gflop(r, dim, hidden) for r in routed)),
-        COLD: (_operator(layers), sum(matmul_gflop(r, dim, hidden) for r in routed)),
-        "torchtitan GroupedExperts": (_grouped_experts(layers), sum(matmul_gflop(r, dim, hidden) for r in routed)),
-        "its matmuls (torch._grouped_mm)": (_grouped_matmuls(layers), sum(matmul_gflop(r, dim, hidden) for r in routed)),
+        operator_name: (_operator(layers), expert_gflop),
+        COLD: (_operator(layers), expert_gflop),
+        "torchtitan GroupedExperts": (_grouped_experts(layers), expert_gflop),
+        "its matmuls (torch._grouped_mm)": (_grouped_matmuls(layers), expert_gflop),
         "SwiGLU and its gradient": (_swiglu(layers), 0.0),
     }
     for kind in MATMUL_KINDS:
-        third = sum(matmul_gflop(r, dim, hidden) for r in routed) / 3
+        third = expert_gflop / 3
         pieces[f"per expert: {kind}"] = (_matmuls(kind, per_expert), third)
         pieces[f"one weight, all rows: {kind}"] = (_matmuls(kind, stacked), third)
         pieces[f"dense FFN shape: {kind}"] = (_matmuls(kind, dense), matmul_gflop(tokens, dim, dense_hidden) / 3)

@@ -74,6 +74,6 @@ def test_every_case_passes_the_projects_validation_as_a_cuda_plan(tmp_path):
     suite = _suite_module()
     for case in suite.CASES:
         run_dir = tmp_path / case.name
-        code, stderr = run_in_process([*suite.COMMON, *case.overrides, "mode=plan"], run_dir)
+        code, stderr = run_in_process(suite.case_overrides(case, ["mode=plan"]), run_dir)
         assert code == 0, (case.name, stderr[-3000:])
         _assert_cuda_plan((run_dir / "plan.txt").read_text(), case.name)
