@@ -41,6 +41,7 @@ from torchtitan.models.qwen3 import model_registry
 
 from qwen3_trn.kernels import MOE_SWIGLU_EXPERTS, KernelChoice, KernelGroupedExperts, select_kernel
 from qwen3_trn.kernels.moe import moe_problem, swiglu, swiglu_backward
+from qwen3_trn.local_tensors import local_tensor
 
 DEFAULT_OVERRIDES = ["backend=nki_moe", "model=debugmodel_moe", "model.n_layers=2", "training.seq_len=256", "logger=none"]
 DENSE_FLAVOR = "debugmodel"
@@ -79,7 +80,7 @@ def capture_expert_inputs(overrides: list[str], out_dir: str, steps: int) -> tup
 
         def keep(layer: int, module: KernelGroupedExperts, args: tuple) -> None:
             x, counts = args
-            weights = [w.to_local() if hasattr(w, "to_local") else w for w in (module.w1_EFD, module.w2_EDF, module.w3_EFD)]
+            weights = [local_tensor(w) for w in (module.w1_EFD, module.w2_EDF, module.w3_EFD)]
             problem = moe_problem(dim=x.shape[1], hidden_dim=weights[0].shape[1], num_experts=weights[0].shape[0])
             kernel = select_kernel(MOE_SWIGLU_EXPERTS.name, module.kernel, x.device.type, problem)
             w1, w2, w3 = (w.detach().to(x.dtype).clone() for w in weights)

@@ -29,6 +29,7 @@ from inprocess import single_rank_trainer_config
 from torchtitan.models.common.moe import GroupedExperts
 
 from qwen3_trn.kernels import KERNELS, MOE_SWIGLU_EXPERTS, KernelGroupedExperts
+from qwen3_trn.local_tensors import local_tensor
 
 DEFAULT_OVERRIDES = ["backend=nki_moe", "model=debugmodel_moe", "model.n_layers=2", "training.seq_len=256", "logger=none"]
 BASELINE = "torchtitan GroupedExperts"
@@ -50,7 +51,7 @@ class _Zeros(torch.autograd.Function):
 
 
 def _zeros_forward(module: KernelGroupedExperts, x: torch.Tensor, _num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
-    weights = (w.to_local() if hasattr(w, "to_local") else w for w in (module.w1_EFD, module.w2_EDF, module.w3_EFD))
+    weights = (local_tensor(w) for w in (module.w1_EFD, module.w2_EDF, module.w3_EFD))
     return _Zeros.apply(x, *weights)
 
 

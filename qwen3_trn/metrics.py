@@ -28,6 +28,7 @@ from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsPr
 
 from qwen3_trn.backends import backend_named
 from qwen3_trn.hf.export import latest_hf_export
+from qwen3_trn.local_tensors import local_tensor
 from qwen3_trn.records import LAUNCH_TIME_ENV, METRICS_FILE, summarize, write_metrics_summary
 from qwen3_trn.tracking import start_wandb
 from qwen3_trn.validation import VALIDATION_LOSS, is_validation_step, validation_record
@@ -252,7 +253,7 @@ class RunMetricsProcessor(MetricsProcessor):
         params = [p for part in parts for p in part.parameters()]
         if not params:
             return {}
-        first = params[0].to_local() if hasattr(params[0], "to_local") else params[0]
+        first = local_tensor(params[0])
         facts: dict[str, Any] = {"device": first.device.type, "param_dtype": str(first.dtype).removeprefix("torch.")}
         for part in parts:
             for module in part.modules():

@@ -40,6 +40,7 @@ import torch
 from qwen3_trn.config.schema import CompileBackend, DeviceType, LocalLauncherConfig, Mode, ParamDType
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.hf.export import latest_hf_export
+from qwen3_trn.local_tensors import local_tensor
 from qwen3_trn.preflight import prepare
 from qwen3_trn.records import CONFIG_FILE, load_run_config
 from qwen3_trn.worker import build_trainer
@@ -109,7 +110,7 @@ def zero_expert_bias(model: torch.nn.Module) -> float:
     largest = 0.0
     for name, buffer in model.named_buffers():
         if name.rsplit(".", 1)[-1].startswith("expert_bias"):
-            local = buffer.to_local() if hasattr(buffer, "to_local") else buffer
+            local = local_tensor(buffer)
             largest = max(largest, local.abs().max().item() if local.numel() else 0.0)
             local.zero_()
     return largest

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch.distributed.tensor import DTensor
 from torchtitan.protocols.model_spec import ModelSpec
 
 from qwen3_trn.backends.base import Backend
@@ -25,6 +24,7 @@ from qwen3_trn.kernels import (
     check_token_group_alignment,
     resolved_kernel_name,
 )
+from qwen3_trn.local_tensors import local_tensor
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.attention import inner_attention_config, resolve_attention
 from qwen3_trn.models.qwen3 import native_model_spec
@@ -85,7 +85,7 @@ class NkiMoeBackend(Backend):
         for part in parts:
             for module in part.modules():
                 if isinstance(module, KernelGroupedExperts):
-                    weight = module.w1_EFD.to_local() if isinstance(module.w1_EFD, DTensor) else module.w1_EFD
+                    weight = local_tensor(module.w1_EFD)
                     experts, hidden_dim, dim = weight.shape
                     kernels.add(resolved_kernel_name(module.kernel, device_type, dim=dim, hidden_dim=hidden_dim, num_experts=experts))
         return {"kernel": ",".join(sorted(kernels))} if kernels else {}

@@ -39,6 +39,7 @@ from qwen3_trn.fit.layers import rank0_layers
 from qwen3_trn.fit.memory import MemoryEstimate
 from qwen3_trn.fit.trackers import by_category, for_torchtitan_step
 from qwen3_trn.layout import Layout
+from qwen3_trn.local_tensors import local_tensor
 
 # Deeper models are measured at these two depths (x the pipeline degree) and extrapolated.
 CUT_DEPTHS = (2, 3)
@@ -171,7 +172,7 @@ def rank0_parameters(cfg: RunConfig, layout: Layout) -> tuple[int, int]:
     with fake_trainer(cfg, layout) as trainer:
         parameters = [p for m in trainer.model_parts for p in m.parameters()]
         total = sum(p.numel() for p in parameters)
-        local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in parameters)
+        local = sum(local_tensor(p).numel() for p in parameters)
     return total, local
 
 

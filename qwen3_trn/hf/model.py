@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qwen3_trn.local_tensors import local_tensor
+
 
 class TiedLMHead(nn.Module):
     """An output projection that uses the input embedding's weight (no parameter of its own)."""
@@ -119,12 +121,12 @@ def reset_rotary_buffers(model: nn.Module) -> int:
             init_fn = module.compute_default_rope_parameters
         else:
             init_fn = ROPE_INIT_FUNCTIONS[module.rope_type]
-        local = inv_freq.to_local() if hasattr(inv_freq, "to_local") else inv_freq
+        local = local_tensor(inv_freq)
         value, module.attention_scaling = init_fn(config, device=local.device)
         local.copy_(value.to(local.dtype))
         original = getattr(module, "original_inv_freq", None)
         if original is not None:
-            (original.to_local() if hasattr(original, "to_local") else original).copy_(value.to(local.dtype))
+            local_tensor(original).copy_(value.to(local.dtype))
         count += 1
     return count
 
@@ -140,7 +142,7 @@ def reset_moe_buffers(model: nn.Module) -> int:
             for name in ("expert_bias_E", "tokens_per_expert_E"):
                 buffer = getattr(module, name, None)
                 if buffer is not None:
-                    (buffer.to_local() if hasattr(buffer, "to_local") else buffer).zero_()
+                    local_tensor(buffer).zero_()
             count += 1
     return count
 

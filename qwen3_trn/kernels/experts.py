@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import torch
-from torch.distributed.tensor import DTensor
 from torchtitan.models.common.moe import GroupedExperts
 from torchtitan.protocols.model import ModelConfigConverter
 from torchtitan.protocols.module import Module
+
+from qwen3_trn.local_tensors import local_tensor
 
 from . import nki_moe  # noqa: F401  (registers the nki kernel; imports no Neuron module)
 from .moe import MOE_SWIGLU_EXPERTS, moe_problem
@@ -72,7 +73,7 @@ class KernelGroupedExperts(GroupedExperts):
 
     def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
         # Under EP/TP the local shards are what the kernel sees (as in GroupedExperts).
-        w1_EFD, w2_EDF, w3_EFD = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1_EFD, self.w2_EDF, self.w3_EFD))
+        w1_EFD, w2_EDF, w3_EFD = (local_tensor(w) for w in (self.w1_EFD, self.w2_EDF, self.w3_EFD))
         experts, hidden_dim, dim = w1_EFD.shape
         problem = moe_problem(dim=dim, hidden_dim=hidden_dim, num_experts=experts)
         op = resolve_op(MOE_SWIGLU_EXPERTS.name, self.kernel, x_RD.device.type, problem)
