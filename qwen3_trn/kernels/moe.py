@@ -13,7 +13,8 @@ them; the autograd formula calls the backward operator of the *same* implementat
 Portable implementations:
 
 * ``grouped_mm``: ``torch._grouped_mm`` in the input dtype, as torchtitan does. On devices that
-  need aligned group offsets (Neuron: 128 rows) each expert's group is padded in a static
+  need aligned group offsets (Neuron: 128 rows), and on CPUs whose bf16/fp16 matmuls run through
+  oneDNN (16 rows: see ``ONEDNN_TOKEN_ALIGNMENT``), each expert's group is padded in a static
   buffer first. The default on CPU and CUDA (``benchmarks/experts_in_training.py``: on CPU,
   inside training, within a few percent of torchtitan's ``GroupedExperts`` and ahead of the
   other two); the only portable one on Neuron.
@@ -52,19 +53,30 @@ from .registry import (
 
 __all__ = [
     "GROUPED_MM_TOKEN_ALIGNMENT",
+    "ONEDNN_TOKEN_ALIGNMENT",
     "MOE_SWIGLU_EXPERTS",
     "MOE_SWIGLU_EXPERTS_BACKWARD",
     "expert_row_ranges",
+    "grouped_mm_token_alignment",
     "in_matmul_dtype",
     "matmul_dtype",
     "moe_problem",
     "moe_swiglu_experts",
+    "native_half_matmul",
     "swiglu",
     "swiglu_backward",
 ]
 
 # Devices whose grouped matmul needs every group offset to be a multiple of this many rows.
 GROUPED_MM_TOKEN_ALIGNMENT: dict[str, int] = {"neuron": 128}
+# CPU matmuls in bf16/fp16 on native units run through oneDNN, which JIT-compiles a kernel for
+# every new shape and keeps 1024 of them (its primitive cache). Expert group sizes change every
+# step, so exact groups make most of the expert matmuls new shapes: inside training they took
+# ~4x what the same calls take on shapes seen before, more as the cache thrashed
+# (benchmarks/experts_in_training.py). Groups padded to 16 rows, an AMX tile's height, keep the
+# shapes to a few dozen per projection. fp32 matmuls go to MKL, which compiles nothing; there
+# padding would only add rows.
+ONEDNN_TOKEN_ALIGNMENT = 16
 
 
 # --------------------------------------------------------------------------- declaration
@@ -190,9 +202,16 @@ class _TokenGroups:
         return rows if self.routing is None else rows_from_blocks(rows, self.routing)
 
 
+def grouped_mm_token_alignment(x: torch.Tensor) -> int:
+    """Rows each expert's group is padded to for ``torch._grouped_mm`` on ``x``'s device and dtype."""
+    device = x.device.type
+    if device in GROUPED_MM_TOKEN_ALIGNMENT:
+        return GROUPED_MM_TOKEN_ALIGNMENT[device]
+    return ONEDNN_TOKEN_ALIGNMENT if device == "cpu" and native_half_matmul(x.dtype) else 1
+
+
 def _token_groups(x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> _TokenGroups:
-    alignment = GROUPED_MM_TOKEN_ALIGNMENT.get(x.device.type, 1)
-    return _TokenGroups(num_tokens_per_expert, x.shape[0], alignment)
+    return _TokenGroups(num_tokens_per_expert, x.shape[0], grouped_mm_token_alignment(x))
 
 
 def _grouped_mm_strides_ok(problem: Mapping[str, int]) -> str | None:
@@ -240,13 +259,18 @@ def _grouped_mm_backward(grad_out, x, w1, w2, w3, num_tokens_per_expert, gate, u
 
 
 # --------------------------------------------------------------------------- per_expert_mm
+def native_half_matmul(dtype: torch.dtype) -> bool:
+    """Whether this CPU runs ``dtype`` (bf16 or fp16) matmuls on native units, through oneDNN."""
+    if dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if dtype == torch.float16:
+        return torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    return False
+
+
 def matmul_dtype(t: torch.Tensor) -> torch.dtype:
     """The dtype to run matmuls in: fp32 on CPUs without native bf16/fp16 matmul units."""
-    if t.device.type != "cpu":
-        return t.dtype
-    if t.dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return torch.float32
-    if t.dtype == torch.float16 and not torch.ops.mkldnn._is_mkldnn_fp16_supported():
+    if t.device.type == "cpu" and t.dtype in (torch.bfloat16, torch.float16) and not native_half_matmul(t.dtype):
         return torch.float32
     return t.dtype
 

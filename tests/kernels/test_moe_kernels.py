@@ -126,6 +126,16 @@ def test_grouped_mm_padding_for_aligned_token_groups_is_exact(monkeypatch):
         torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-2)
 
 
+def test_grouped_mm_pads_token_groups_exactly_where_the_device_or_onednn_needs_it(monkeypatch):
+    # bf16 on a CPU with native bf16 matmuls goes through oneDNN, whose per-shape kernels make
+    # padding pay; without native units (and in fp32) the groups stay exact.
+    onednn = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert moe_module.grouped_mm_token_alignment(torch.zeros(1, dtype=torch.bfloat16)) == (16 if onednn else 1)
+    assert moe_module.grouped_mm_token_alignment(torch.zeros(1)) == 1
+    monkeypatch.setitem(moe_module.GROUPED_MM_TOKEN_ALIGNMENT, "cpu", 128)
+    assert moe_module.grouped_mm_token_alignment(torch.zeros(1, dtype=torch.bfloat16)) == 128
+
+
 @pytest.mark.parametrize("kernel", ["per_expert_mm", "padded_bmm"])
 def test_host_count_kernels_reject_counts_that_do_not_cover_the_rows(kernel):
     x = torch.randn(int(COUNTS.sum()) + 1, D)
