@@ -19,6 +19,11 @@ on; medians over the rounds), forward + backward of every MoE layer through:
   large matmul per projection), and the dense debugmodel's feed-forward shape (tokens x dim x
   its hidden width).
 
+The routing repeats round after round, so oneDNN (torch's CPU bf16 matmuls) compiles its kernel
+for each shape once, in the warm-up. Inside training the group sizes change every step: what
+exact groups cost there is measured by ``benchmarks/moe_training.py`` against a checkout from
+before the kernel padded them (``grouped_mm``'s ``ONEDNN_TOKEN_ALIGNMENT``).
+
 Prints milliseconds per training step (all MoE layers), GFLOP/s, and what part of the
 operator's time each piece explains: how much of the expert layer is matmuls at the shapes the
 routing makes, and what those matmuls would take at the dense feed-forward's rate.
@@ -40,7 +45,7 @@ from torchtitan.models.common.moe import GroupedExperts
 from torchtitan.models.qwen3 import model_registry
 
 from qwen3_trn.kernels import MOE_SWIGLU_EXPERTS, KernelChoice, KernelGroupedExperts, select_kernel
-from qwen3_trn.kernels.moe import moe_problem, swiglu, swiglu_backward
+from qwen3_trn.kernels.moe import grouped_mm_token_groups, moe_problem, swiglu, swiglu_backward
 from qwen3_trn.local_tensors import local_tensor
 
 DEFAULT_OVERRIDES = ["backend=nki_moe", "model=debugmodel_moe", "model.n_layers=2", "training.seq_len=256", "logger=none"]
@@ -133,23 +138,26 @@ def _grouped_experts(layers: list[ExpertInputs]) -> Callable[[], None]:
 
 
 def _grouped_matmuls(layers: list[ExpertInputs]) -> Callable[[], None]:
-    """The nine ``torch._grouped_mm`` calls of the grouped_mm kernel's forward and backward."""
+    """The nine ``torch._grouped_mm`` calls of the grouped_mm kernel's forward and backward, on
+    the groups it runs (padded where the device or oneDNN needs it)."""
     state = []
     for e in layers:
-        rows, hidden = e.x.shape[0], e.w1.shape[1]
-        h, g = torch.randn(rows, hidden, dtype=e.x.dtype), torch.randn(rows, e.x.shape[1], dtype=e.x.dtype)
-        state.append((e, torch.cumsum(e.counts, 0, dtype=torch.int32), h, g))
+        groups = grouped_mm_token_groups(e.x, e.counts)
+        x = groups.pad(e.x)
+        rows, hidden = x.shape[0], e.w1.shape[1]
+        h, g = torch.randn(rows, hidden, dtype=x.dtype), torch.randn(rows, x.shape[1], dtype=x.dtype)
+        state.append((e, x, groups.offsets, h, g))
 
     def run() -> None:
-        for e, offs, h, g in state:
-            torch._grouped_mm(e.x, e.w1.transpose(-2, -1), offs=offs)
-            torch._grouped_mm(e.x, e.w3.transpose(-2, -1), offs=offs)
+        for e, x, offs, h, g in state:
+            torch._grouped_mm(x, e.w1.transpose(-2, -1), offs=offs)
+            torch._grouped_mm(x, e.w3.transpose(-2, -1), offs=offs)
             torch._grouped_mm(h, e.w2.transpose(-2, -1), offs=offs)
             torch._grouped_mm(g, e.w2, offs=offs)
             torch._grouped_mm(h, e.w1, offs=offs)
             torch._grouped_mm(h, e.w3, offs=offs)
-            torch._grouped_mm(h.t(), e.x, offs=offs)
-            torch._grouped_mm(h.t(), e.x, offs=offs)
+            torch._grouped_mm(h.t(), x, offs=offs)
+            torch._grouped_mm(h.t(), x, offs=offs)
             torch._grouped_mm(g.t(), h, offs=offs)
 
     return run

@@ -57,7 +57,9 @@ __all__ = [
     "MOE_SWIGLU_EXPERTS",
     "MOE_SWIGLU_EXPERTS_BACKWARD",
     "expert_row_ranges",
+    "TokenGroups",
     "grouped_mm_token_alignment",
+    "grouped_mm_token_groups",
     "in_matmul_dtype",
     "matmul_dtype",
     "moe_problem",
@@ -77,6 +79,11 @@ GROUPED_MM_TOKEN_ALIGNMENT: dict[str, int] = {"neuron": 128}
 # shapes to a few dozen per projection. fp32 matmuls go to MKL, which compiles nothing; there
 # padding would only add rows.
 ONEDNN_TOKEN_ALIGNMENT = 16
+# Devices whose padded groups live in a buffer of static size (compiled graphs: the most blocks
+# any routing can need, the unused ones given to the last expert). Elsewhere the buffer holds
+# just the blocks this routing needs, counted on the host (free on CPU), so no expert computes
+# rows that are all padding.
+STATIC_TOKEN_BUFFER_DEVICES = frozenset({"neuron"})
 
 
 # --------------------------------------------------------------------------- declaration
@@ -181,13 +188,16 @@ def swiglu_backward(grad_h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) 
 
 
 # --------------------------------------------------------------------------- grouped_mm
-class _TokenGroups:
+class TokenGroups:
     """Group offsets for ``torch._grouped_mm``, padding groups where the device needs it."""
 
-    def __init__(self, num_tokens_per_expert: torch.Tensor, num_rows: int, alignment: int) -> None:
+    def __init__(self, num_tokens_per_expert: torch.Tensor, num_rows: int, alignment: int, static_size: bool) -> None:
         self.routing = None
         if alignment > 1:
-            self.routing = blockwise_routing(num_tokens_per_expert, num_rows=num_rows, block_size=alignment)
+            num_blocks = None  # blockwise_routing's static bound
+            if not static_size:
+                num_blocks = max(1, int(torch.div(num_tokens_per_expert + alignment - 1, alignment, rounding_mode="floor").sum()))
+            self.routing = blockwise_routing(num_tokens_per_expert, num_rows=num_rows, block_size=alignment, num_blocks=num_blocks)
             sizes = padded_group_sizes(self.routing, num_tokens_per_expert.shape[0])
         else:
             sizes = num_tokens_per_expert
@@ -210,8 +220,10 @@ def grouped_mm_token_alignment(x: torch.Tensor) -> int:
     return ONEDNN_TOKEN_ALIGNMENT if device == "cpu" and native_half_matmul(x.dtype) else 1
 
 
-def _token_groups(x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> _TokenGroups:
-    return _TokenGroups(num_tokens_per_expert, x.shape[0], grouped_mm_token_alignment(x))
+def grouped_mm_token_groups(x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> TokenGroups:
+    """The groups the ``grouped_mm`` kernel runs ``x``'s rows in (padded where the device needs it)."""
+    static_size = x.device.type in STATIC_TOKEN_BUFFER_DEVICES
+    return TokenGroups(num_tokens_per_expert, x.shape[0], grouped_mm_token_alignment(x), static_size)
 
 
 def _grouped_mm_strides_ok(problem: Mapping[str, int]) -> str | None:
@@ -229,7 +241,7 @@ def _grouped_mm_strides_ok(problem: Mapping[str, int]) -> str | None:
     shape_check=_grouped_mm_strides_ok,
 )
 def _grouped_mm_forward(x, w1, w2, w3, num_tokens_per_expert):
-    groups = _token_groups(x, num_tokens_per_expert)
+    groups = grouped_mm_token_groups(x, num_tokens_per_expert)
     x = groups.pad(x)
     gate = torch._grouped_mm(x, w1.transpose(-2, -1), offs=groups.offsets)
     up = torch._grouped_mm(x, w3.transpose(-2, -1), offs=groups.offsets)
@@ -245,7 +257,7 @@ def _grouped_mm_forward(x, w1, w2, w3, num_tokens_per_expert):
     shape_check=_grouped_mm_strides_ok,
 )
 def _grouped_mm_backward(grad_out, x, w1, w2, w3, num_tokens_per_expert, gate, up, out):
-    groups = _token_groups(x, num_tokens_per_expert)
+    groups = grouped_mm_token_groups(x, num_tokens_per_expert)
     offs = groups.offsets
     grad_out, x, gate, up = groups.pad(grad_out), groups.pad(x), groups.pad(gate), groups.pad(up)
     h, grad_gate, grad_up = swiglu_backward(torch._grouped_mm(grad_out, w2, offs=offs), gate, up)

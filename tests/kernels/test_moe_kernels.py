@@ -136,6 +136,18 @@ def test_grouped_mm_pads_token_groups_exactly_where_the_device_or_onednn_needs_i
     assert moe_module.grouped_mm_token_alignment(torch.zeros(1, dtype=torch.bfloat16)) == 128
 
 
+def test_padded_token_groups_hold_only_the_blocks_the_routing_needs_unless_the_device_needs_static_sizes():
+    rows = int(COUNTS.sum())  # [5, 0, 9, 3, 0, 7]: one 16-row block per non-empty expert
+    exact = moe_module.TokenGroups(COUNTS, rows, 16, static_size=False)
+    assert exact.offsets.tolist() == [16, 16, 32, 48, 48, 64]
+    static = moe_module.TokenGroups(COUNTS, rows, 16, static_size=True)
+    # The static bound (Neuron's compiled graphs) gives the unused blocks to the last expert.
+    assert static.offsets.tolist()[:-1] == [16, 16, 32, 48, 48] and static.offsets[-1] > 64
+    x = torch.randn(rows, D)
+    assert exact.pad(x).shape[0] == 64
+    torch.testing.assert_close(exact.unpad(exact.pad(x)), x, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("kernel", ["per_expert_mm", "padded_bmm"])
 def test_host_count_kernels_reject_counts_that_do_not_cover_the_rows(kernel):
     x = torch.randn(int(COUNTS.sum()) + 1, D)
