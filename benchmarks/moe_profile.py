@@ -20,7 +20,9 @@ Per-parameter work (FSDP's casts and reduce, the optimizer) is also set against 
 memory traffic of the passes torch makes over every parameter (``PER_PARAMETER_BYTES``) at this
 machine's measured copy bandwidth. With the dense model profiled too, the last lines bound each
 MoE configuration: its own model work at the dense model's FLOP rate plus per-parameter work at
-that floor, the best MFU ratio to dense this machine allows with these passes.
+that floor, the best MFU ratio to dense this machine allows with these passes; then the same
+with every pass at the rate fused AdamW reaches in the step, and with the passes fused into one
+(``FUSED_PER_PARAMETER_BYTES``) at that rate.
 """
 
 from __future__ import annotations
@@ -229,10 +231,12 @@ def profile_one(overrides: list[str], warmup: int, steps: int, top: int, region_
     regions, per_op = breakdown(prof.events(), seconds, steps)
     tokens = cfg.training.local_batch_size * cfg.training.seq_len
     metrics = trainer.metrics_processor
+    parameters = sum(p.numel() for p in trainer.model_parts[0].parameters())
+    adamw_ms = sum(ops.get(FUSED_ADAMW, (0.0, 0.0))[1] for ops in per_op.values())
     return {
         "flops_per_token": metrics.num_flops_per_token,
         "peak_flops": metrics.gpu_peak_flops,
-        "parameters": sum(p.numel() for p in trainer.model_parts[0].parameters()),
+        "parameters": parameters,
         "overrides": overrides,
         "profiled_step_s": seconds,
         "step_s": statistics.median(plain),
@@ -243,6 +247,8 @@ def profile_one(overrides: list[str], warmup: int, steps: int, top: int, region_
         "threads": torch.get_num_threads(),
         "page_faults_per_step": faults,
         "copy_bandwidth": bandwidth,
+        # The fastest per-parameter pass of the step: fused AdamW's bytes over its own time.
+        "adamw_bandwidth": parameters * PER_PARAMETER_BYTES["AdamW"] / (adamw_ms / 1e3) if adamw_ms else 0.0,
     }
 
 
@@ -251,6 +257,10 @@ def profile_one(overrides: list[str], warmup: int, steps: int, top: int, region_
 # gradient-norm clip reads the gradients once for the norm and once more to scale them in place;
 # FSDP casts each parameter to bf16 and each bf16 gradient back to fp32.
 PER_PARAMETER_BYTES = {"AdamW": 28, "clipping": 12, "FSDP casts": 12}
+# One pass that clips, steps AdamW and writes the bf16 copy (the gradient's fp32 cast, the norm's
+# read and AdamW's own traffic): what fusing the passes would leave.
+FUSED_PER_PARAMETER_BYTES = 36
+FUSED_ADAMW = "aten::_fused_adamw_"
 
 
 def copy_bandwidth(elements: int = 64 * 2**20, repeats: int = 15) -> float:
@@ -355,22 +365,34 @@ def _per_parameter_share(result: dict) -> float:
 def print_bound(results: dict[str, dict]) -> None:
     """The best MFU ratio to dense a MoE step could reach here: the model's own work (all but the
     per-parameter work) at the dense model's FLOP rate, and the per-parameter work at its
-    memory-traffic floor."""
+    memory-traffic floor; then the same with every pass at fused AdamW's measured rate, and with
+    the passes fused into one."""
     dense = results["dense"]
     rest_s_per_flop = dense["step_s"] * (1 - _per_parameter_share(dense)) / dense["flops_per_token"]
     dense_rate = dense["flops_per_token"] / dense["step_s"]
+    passes = sum(PER_PARAMETER_BYTES.values())
     print(
-        f"\nbound: the model's work at the dense model's FLOP rate, per-parameter work at its floor ({sum(PER_PARAMETER_BYTES.values())} bytes per parameter)"
+        "\nbound: the model's work at the dense model's FLOP rate, per-parameter work at its floor "
+        f"({passes} bytes per parameter at the copy bandwidth); then at fused AdamW's own rate; then as one "
+        f"fused pass ({FUSED_PER_PARAMETER_BYTES} bytes per parameter) at that rate"
     )
     for name, result in results.items():
         if name == "dense":
             continue
-        floor_s = result["parameters"] * sum(PER_PARAMETER_BYTES.values()) / result["copy_bandwidth"]
-        step_s = rest_s_per_flop * result["flops_per_token"] + floor_s
-        ratio = (result["flops_per_token"] / step_s) / dense_rate
         measured = (result["flops_per_token"] / result["step_s"]) / dense_rate
+        rest_s = rest_s_per_flop * result["flops_per_token"]
+        cases = [
+            (passes, result["copy_bandwidth"]),
+            (passes, result["adamw_bandwidth"]),
+            (FUSED_PER_PARAMETER_BYTES, result["adamw_bandwidth"]),
+        ]
+        bounds = []
+        for size, bandwidth in cases:
+            step_s = rest_s + result["parameters"] * size / bandwidth
+            bounds.append(f"{(result['flops_per_token'] / step_s) / dense_rate:.2f} (step >= {step_s * 1e3:.0f} ms)")
         print(
-            f"{name}: step >= {step_s * 1e3:.0f} ms (measured {result['step_s'] * 1e3:.0f}); MFU / dense <= {ratio:.2f} (measured {measured:.2f})"
+            f"{name}: MFU / dense <= {bounds[0]}; at {result['adamw_bandwidth'] / 1e9:.1f} GB/s <= {bounds[1]}; "
+            f"fused <= {bounds[2]}; measured {measured:.2f} ({result['step_s'] * 1e3:.0f} ms)"
         )
 
 
