@@ -37,6 +37,7 @@ __all__ = [
     "TokenGroupPlan",
     "block_gate_up_T_to_rows",
     "blocks_from_rows",
+    "blocks_per_expert",
     "blockwise_routing",
     "check_token_group_alignment",
     "down_from_w2",
@@ -89,6 +90,11 @@ def max_num_blocks(num_rows: int, num_experts: int, block_size: int) -> int:
     return (nonempty - 1) + math.ceil((num_rows - nonempty + 1) / block_size)
 
 
+def blocks_per_expert(num_tokens_per_expert: torch.Tensor, block_size: int) -> torch.Tensor:
+    """``ceil(n_e / B)`` for every expert e: the blocks its rows fill (int64)."""
+    return (num_tokens_per_expert.to(torch.int64) + block_size - 1) // block_size
+
+
 @dataclass(frozen=True)
 class BlockwiseRouting:
     """Expert-sorted rows laid out in fixed-size blocks, one expert per block.
@@ -133,9 +139,9 @@ def blockwise_routing(
     device = num_tokens_per_expert.device
     counts = num_tokens_per_expert.to(torch.int64)
 
-    blocks_per_expert = (counts + block_size - 1) // block_size
-    block_end = torch.cumsum(blocks_per_expert, dim=0)
-    block_start = block_end - blocks_per_expert
+    expert_blocks = blocks_per_expert(counts, block_size)
+    block_end = torch.cumsum(expert_blocks, dim=0)
+    block_start = block_end - expert_blocks
     row_start = torch.cumsum(counts, dim=0) - counts
 
     experts = torch.arange(num_experts, device=device)

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from .layouts import (
+    blocks_per_expert,
     blockwise_routing,
     hidden_with_padding_row,
     padded_group_sizes,
@@ -196,7 +197,7 @@ class TokenGroups:
         if alignment > 1:
             num_blocks = None  # blockwise_routing's static bound
             if not static_size:
-                num_blocks = max(1, int(torch.div(num_tokens_per_expert + alignment - 1, alignment, rounding_mode="floor").sum()))
+                num_blocks = max(1, int(blocks_per_expert(num_tokens_per_expert, alignment).sum()))
             self.routing = blockwise_routing(num_tokens_per_expert, num_rows=num_rows, block_size=alignment, num_blocks=num_blocks)
             sizes = padded_group_sizes(self.routing, num_tokens_per_expert.shape[0])
         else:
