@@ -21,8 +21,8 @@ on; medians over the rounds), forward + backward of every MoE layer through:
 
 The routing repeats round after round, so oneDNN (torch's CPU bf16 matmuls) compiles its kernel
 for each shape once, in the warm-up. Inside training the group sizes change every step: what
-exact groups cost there is measured by ``benchmarks/moe_training.py`` against a checkout from
-before the kernel padded them (``grouped_mm``'s ``ONEDNN_TOKEN_ALIGNMENT``).
+new shapes cost there is measured by ``benchmarks/grouped_mm_in_training.py`` (with
+``--exact-groups``, without ``grouped_mm``'s ``ONEDNN_TOKEN_ALIGNMENT`` padding).
 
 Prints milliseconds per training step (all MoE layers), GFLOP/s, and what part of the
 operator's time each piece explains: how much of the expert layer is matmuls at the shapes the

@@ -14,10 +14,10 @@ Portable implementations:
 
 * ``grouped_mm``: ``torch._grouped_mm`` in the input dtype, as torchtitan does. On devices that
   need aligned group offsets (Neuron: 128 rows), and on CPUs whose bf16/fp16 matmuls run through
-  oneDNN (16 rows: see ``ONEDNN_TOKEN_ALIGNMENT``), each expert's group is padded in a static
-  buffer first. The default on CPU and CUDA (``benchmarks/experts_in_training.py``: on CPU,
-  inside training, within a few percent of torchtitan's ``GroupedExperts`` and ahead of the
-  other two); the only portable one on Neuron.
+  oneDNN (16 rows: see ``ONEDNN_TOKEN_ALIGNMENT``), each expert's group is padded in a buffer
+  first (of static size on Neuron). The default on CPU and CUDA (``benchmarks/experts_in_training.py``:
+  on CPU, inside training, ahead of torchtitan's ``GroupedExperts`` and of the other two); the
+  only portable one on Neuron.
 * ``per_expert_mm``: one dense matmul per non-empty expert, written straight into row slices
   of the outputs; the SwiGLU and its gradient run once over all rows. On CPUs without native
   bf16 matmul (no AVX512-BF16/AMX) bf16 inputs are upcast once to fp32 for the matmuls, which
@@ -76,9 +76,9 @@ GROUPED_MM_TOKEN_ALIGNMENT: dict[str, int] = {"neuron": 128}
 # every new shape and keeps 1024 of them (its primitive cache). Expert group sizes change every
 # step, so exact groups make most of the expert matmuls new shapes: inside training they took
 # ~4x what the same calls take on shapes seen before, more as the cache thrashed
-# (benchmarks/experts_in_training.py). Groups padded to 16 rows, an AMX tile's height, keep the
-# shapes to a few dozen per projection. fp32 matmuls go to MKL, which compiles nothing; there
-# padding would only add rows.
+# (benchmarks/grouped_mm_in_training.py --exact-groups). Groups padded to 16 rows, an AMX tile's
+# height, keep the shapes to at most 32 per projection for 512 tokens. fp32 matmuls go to MKL,
+# whose time does not depend on shapes seen before; there padding would only add rows.
 ONEDNN_TOKEN_ALIGNMENT = 16
 # Devices whose padded groups live in a buffer of static size (compiled graphs: the most blocks
 # any routing can need, the unused ones given to the last expert). Elsewhere the buffer holds
