@@ -21,6 +21,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 from qwen3_trn.app import exit_status, run  # noqa: E402
 from qwen3_trn.config import register_schema  # noqa: E402
+from qwen3_trn.config.composition import refuse_shadowed_config_files  # noqa: E402
 from qwen3_trn.records import TRACEBACK_ENV  # noqa: E402
 
 register_schema()
@@ -52,7 +53,9 @@ def main() -> None:
     if os.environ.get("HYDRA_FULL_ERROR"):
         os.environ.setdefault(TRACEBACK_ENV, "1")  # the user asked for tracebacks
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises composition errors rather than exiting 1
-    with exit_status(config_dirs(sys.argv[1:])):
+    search_dirs = config_dirs(sys.argv[1:])
+    with exit_status(search_dirs):
+        refuse_shadowed_config_files(search_dirs, CONF_DIR)
         hydra_main()
 
 

@@ -55,12 +55,14 @@ def run_in_process(args: list[str], run_dir: Path, config_dir: Path | None = Non
     the same exit-code contract as ``python -m qwen3_trn`` (``app.exit_status``). Returns the
     exit status and what went to stderr."""
     from qwen3_trn.app import exit_status, run
+    from qwen3_trn.config.composition import refuse_shadowed_config_files
 
     searchpath = [f"hydra.searchpath=[file://{config_dir}]"] if config_dir else []
     err, code = io.StringIO(), 0
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
             with exit_status([*([config_dir] if config_dir else []), CONF]):
+                refuse_shadowed_config_files([config_dir] if config_dir else [], CONF)
                 with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
                     cfg = compose("config", overrides=[*searchpath, *args, f"output_dir={run_dir}"])
                 run(cfg)

@@ -182,6 +182,19 @@ CONFIG_DIR_CASES = {
         ["training.stepz", "experiment/mine.yaml, line 3, column 3"],
     ),
     "out-of-range": ("optimizer/mine.yaml", "lr: -0.5\n", "optimizer=mine", ["optimizer.lr", "must be >= 0"]),
+    # Hydra reads the packaged conf/ first: a file of the same name would be silently unused.
+    "shadows-packaged-option": (
+        "model/tiny.yaml",
+        "n_layers: 1\n",
+        "model=tiny",
+        ["--config-dir", "model/tiny.yaml has the name of the packaged conf/model/tiny.yaml", "pick it with model=<that name>"],
+    ),
+    "shadows-primary-config": (
+        "config.yaml",
+        "training:\n  steps: [1, 2\n",
+        "training.steps=3",
+        ["--config-dir", "config.yaml has the name of the packaged conf/config.yaml", "--config-name"],
+    ),
 }
 
 

@@ -52,6 +52,12 @@ def _bad_yaml_in_config_dir(tmp_path):
     return ["--config-dir", str(tmp_path / "conf"), "optimizer=mine"]
 
 
+def _config_dir_shadowing_the_packaged_config(tmp_path):
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "config.yaml").write_text("training:\n  steps: [1, 2\n")
+    return ["--config-dir", str(tmp_path / "conf")]
+
+
 def _binary_data_file(tmp_path):
     (tmp_path / "blob.jsonl.gz").write_bytes(gzip.compress(bytes(range(256)) * 16))
     return ["data=files", f"data.path={tmp_path / 'blob.jsonl.gz'}"]
@@ -64,6 +70,7 @@ CLI_CASES = [
     (["model=nonexistent"], "Available options in 'model'"),
     (["model=tiny_moe", "model.top_k=16"], "model.top_k"),
     (_bad_yaml_in_config_dir, "mine.yaml, line 2, column 1: malformed YAML"),
+    (_config_dir_shadowing_the_packaged_config, "has the name of the packaged conf/config.yaml"),
     (_binary_data_file, "blob.jsonl.gz is not text"),
     (["training.seq_len=[32"], "training.seq_len: cannot parse the override"),
 ]

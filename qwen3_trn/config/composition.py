@@ -112,6 +112,32 @@ def _clean_key(key: str) -> str:
     return re.sub(r"\[\d+\]$", "", key)
 
 
+def refuse_shadowed_config_files(config_dirs: Iterable[Path], packaged: Path) -> None:
+    """Hydra searches the packaged ``conf/`` before a ``--config-dir``, so a file there with the
+    name of a packaged one (``config.yaml``, ``model/tiny.yaml``) would never be read: refuse it
+    rather than train without the user's file."""
+    for config_dir in config_dirs:
+        if not config_dir.is_dir() or config_dir.resolve() == packaged.resolve():
+            continue
+        for path in sorted(config_dir.rglob("*.yaml")):
+            relative = path.relative_to(config_dir)
+            if not (packaged / relative).is_file():
+                continue
+            group = relative.parent.as_posix()
+            if group == ".":
+                fix = (
+                    "name it differently and pick it with --config-name=<that name>, or make it an "
+                    "experiment/<name>.yaml and pick it with experiment=<name>"
+                )
+            else:
+                fix = f"give it another name and pick it with {group}=<that name>"
+            raise ConfigError(
+                "--config-dir",
+                f"{path} has the name of the packaged conf/{relative.as_posix()}, which Hydra reads first, "
+                f"so this file would never be used; {fix}.",
+            )
+
+
 def _locate(config_name: str, search_dirs: Iterable[Path]) -> Path | None:
     for directory in search_dirs:
         candidate = Path(directory) / f"{config_name}.yaml"
