@@ -148,7 +148,7 @@ def _check_in_subprocess(run_dir: Path) -> dict:
 
 def execute(cfg_node: DictConfig) -> dict | None:
     host_allocator_choice()  # an unknown QWEN3_TRN_HOST_ALLOCATOR is bad input, refused here
-    cfg = to_run_config(cfg_node)
+    cfg = to_run_config(cfg_node, check_ranges=False)  # among preflight's checks, with the others
     remember_env(cfg.launcher.env)
     launcher = build_launcher(cfg.launcher)
     requested = cfg.output_dir
@@ -157,8 +157,7 @@ def execute(cfg_node: DictConfig) -> dict | None:
     run_dir = claim_run_dir(requested, fresh_if_taken="${now:" in _run_dir_pattern())
     cfg.output_dir = str(run_dir)
     try:
-        prepared = prepare(cfg, ranks_here=launcher.ranks_here)
-        launcher.validate(cfg, prepared.layout)
+        prepared = prepare(cfg, ranks_here=launcher.ranks_here, check_launcher=launcher.validate)
         resume = resume_checkpoint(cfg.checkpoint)
     except BaseException:
         release_run_dir(run_dir)

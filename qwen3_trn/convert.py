@@ -22,7 +22,7 @@ from torchtitan.trainer import Trainer
 
 from qwen3_trn.backends import build_backend
 from qwen3_trn.checkpointing import ResumePoint, find_resume_point
-from qwen3_trn.config.schema import CheckpointConfig, LoggerBackend, RunConfig
+from qwen3_trn.config.schema import CheckpointConfig, LoggerBackend, RunConfig, warmup_steps
 from qwen3_trn.config.titan_overrides import apply_titan_overrides
 from qwen3_trn.data.embedded import ensure_assets, tokenizer_dir
 from qwen3_trn.data.sources import resolve_dataset
@@ -154,7 +154,7 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
         dataloader=HuggingFaceTextDataLoader.Config(dataset=dataset.name, dataset_path=dataset.path, num_workers=cfg.data.num_workers),
         optimizer=_optimizer(cfg),
         lr_scheduler=LRSchedulersContainer.Config(
-            warmup_steps=cfg.optimizer.warmup_steps,
+            warmup_steps=warmup_steps(cfg.optimizer, training.steps),
             decay_ratio=cfg.optimizer.decay_ratio,
             decay_type=str(cfg.optimizer.decay_type),
             min_lr_factor=cfg.optimizer.min_lr_factor,

@@ -1,4 +1,13 @@
-"""The one error type users see for bad input: a short message naming the key and the fix."""
+"""The one error type users see for bad input: a short message naming the key and the fix.
+
+A command's independent checks collect their findings in ``Problems``, so that it reports every
+problem at once (``ConfigErrors``: one paragraph each) rather than the first one only.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
 
 
 class ConfigError(ValueError):
@@ -19,6 +28,55 @@ class NotApplicable(ConfigError):
     A single run fails on it like on any ``ConfigError``; a multirun sweep that mixes modes
     records the job as *skipped* (with this message) instead of failed, and goes on.
     """
+
+
+class ConfigErrors(ConfigError):
+    """Several problems of one command, reported together: one paragraph each, in the order
+    the checks found them."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        self.errors = errors
+        self.key = errors[0].key
+        paragraphs = "\n\n".join(f"  {error}" for error in errors)
+        ValueError.__init__(self, f"{len(errors)} problems with this command:\n\n{paragraphs}")
+
+
+class NotApplicableErrors(ConfigErrors, NotApplicable):
+    """Several settings that do not apply to the chosen mode or model, and nothing else."""
+
+
+def grouped(errors: list[ConfigError]) -> ConfigError:
+    """One error for ``errors``: the error itself when there is one."""
+    if len(errors) == 1:
+        return errors[0]
+    if all(isinstance(error, NotApplicable) for error in errors):
+        return NotApplicableErrors(errors)
+    return ConfigErrors(errors)
+
+
+class Problems:
+    """The findings of a command's independent checks, gathered so that all are reported at once.
+
+    Each check runs under ``check()``; a ``ConfigError`` it raises is kept and the next check
+    runs. ``stop_if_any()`` raises them together where a later check would be meaningless
+    without what failed (a layout cannot be sized for a model whose size is out of range).
+    """
+
+    def __init__(self) -> None:
+        self.found: list[ConfigError] = []
+
+    @contextmanager
+    def check(self) -> Iterator[None]:
+        try:
+            yield
+        except ConfigError as exc:
+            for error in exc.errors if isinstance(exc, ConfigErrors) else [exc]:
+                if str(error) not in (str(seen) for seen in self.found):
+                    self.found.append(error)
+
+    def stop_if_any(self) -> None:
+        if self.found:
+            raise grouped(self.found)
 
 
 def describe_error(exc: BaseException) -> str:

@@ -2,27 +2,33 @@
 
 ``prepare`` resolves the device and the parallel layout, validates the config against them
 and builds the torchtitan ``Trainer.Config``. Any problem is a ``ConfigError`` naming the key
-at fault and the fix; nothing has been written or started when it is raised. Checks that
-belong to a launcher (a Slurm partition, say) are the launcher's own (``qwen3_trn.launch``).
+at fault and the fix, all of a command's problems together (``errors.ConfigErrors``); nothing
+has been written or started when it is raised. Checks that belong to a launcher (a Slurm
+partition, say) are the launcher's own (``qwen3_trn.launch``), run here among the others.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from torchtitan.trainer import Trainer
 
 from qwen3_trn import fit
 from qwen3_trn.backends import build_backend
+from qwen3_trn.config.ranges import check_ranges
 from qwen3_trn.config.schema import LocalLauncherConfig, Mode, RunConfig
-from qwen3_trn.convert import architecture, to_trainer_config
+from qwen3_trn.convert import architecture, resume_checkpoint, to_trainer_config
 from qwen3_trn.devices import DEVICES, DeviceSpec, planned_device, probe_device, resolve_device
-from qwen3_trn.errors import ConfigError
+from qwen3_trn.errors import ConfigError, Problems
 from qwen3_trn.hf.export import check_hf_export
 from qwen3_trn.inputs import absolute_paths, check_data, check_tokenizer
 from qwen3_trn.layout import Layout, resolve_layout
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.validation import check_validation
+
+# A launcher's own checks of a config and its layout (``Launcher.validate``): raise ConfigError.
+LauncherCheck = Callable[[RunConfig, Layout], None]
 
 
 @dataclass
@@ -109,41 +115,90 @@ def _check_compile(cfg: RunConfig, device: DeviceSpec) -> None:
         )
 
 
-def resolve(cfg: RunConfig, ranks_here: bool = True) -> Resolved:
+def resolve(
+    cfg: RunConfig, ranks_here: bool = True, problems: Problems | None = None, check_launcher: LauncherCheck | None = None
+) -> Resolved:
     """The device, layout and architecture of the run, checked. ``ranks_here`` is False when
     the launcher starts the ranks on other machines (a Slurm cluster): the device is then
-    planned for rather than probed here."""
+    planned for rather than probed here.
+
+    Independent checks all run and their problems are raised together; the checks that need a
+    resolved device, layout and model run once those are known. Given ``problems`` (preflight's
+    own), the last checks' findings are left in it for the caller to raise with its own.
+    ``check_launcher``: the launcher's own checks of the config and layout."""
+    owned = problems is None
+    problems = problems or Problems()
     backend = build_backend(cfg.backend)
-    device = _device(cfg, ranks_here)
-    _check_compile(cfg, device)
-    layout = resolve_layout(cfg.parallelism, cfg.launcher.nnodes, _nproc_per_node(cfg, device, ranks_here))
-    arch = architecture(cfg)
+    device = layout = arch = None
+    with problems.check():
+        device = _device(cfg, ranks_here)
+    with problems.check():
+        arch = architecture(cfg)
+    with problems.check():
+        check_hf_export(cfg.checkpoint)
+    if device is not None:
+        with problems.check():
+            _check_compile(cfg, device)
+        with problems.check():
+            layout = resolve_layout(cfg.parallelism, cfg.launcher.nnodes, _nproc_per_node(cfg, device, ranks_here))
+        if arch is not None:
+            with problems.check():
+                backend.validate(cfg, arch, device)
+    if layout is not None and check_launcher is not None:
+        with problems.check():
+            check_launcher(cfg, layout)
+    problems.stop_if_any()  # what follows sizes the layout for this model on this device
     choice = None
     if cfg.parallelism.auto:  # the degrees that fit, written into the config every rank starts from
         layout, choice = fit.auto_layout(cfg, device, arch, to_trainer_config(cfg, device, layout), layout.nnodes, layout.nproc_per_node)
         cfg.parallelism = fit.chosen_parallelism(cfg.parallelism, layout)
-    _check_training(cfg, arch, layout)
-    check_validation(cfg.validation, cfg.training.seq_len, arch.max_seq_len, pipeline_parallel=layout.pp > 1)
-    check_hf_export(cfg.checkpoint)
-    backend.validate(cfg, arch, device)
+    with problems.check():
+        _check_training(cfg, arch, layout)
+    with problems.check():
+        check_validation(cfg.validation, cfg.training.seq_len, arch.max_seq_len, pipeline_parallel=layout.pp > 1)
+    if owned:
+        problems.stop_if_any()
     return Resolved(cfg=cfg, device=device, layout=layout, arch=arch, layout_choice=choice)
 
 
-def prepare(cfg: RunConfig, ranks_here: bool = True) -> Prepared:
-    """``resolve``, the run's inputs (paths made absolute, data and tokenizer opened:
-    ``qwen3_trn.inputs``) and the exact torchtitan ``Trainer.Config`` the ranks will build."""
-    absolute_paths(cfg)
-    resolved = resolve(cfg, ranks_here)
+def _trainer_config(resolved: Resolved) -> Trainer.Config:
     try:
-        trainer_config = to_trainer_config(cfg, resolved.device, resolved.layout)
+        return to_trainer_config(resolved.cfg, resolved.device, resolved.layout)
     except ConfigError:
         raise
     except (ValueError, AssertionError) as exc:
         raise ConfigError("titan", f"torchtitan refused the resulting Trainer.Config: {exc}") from exc
-    check_tokenizer(
-        trainer_config.hf_assets_path, lambda path: trainer_config.tokenizer.build(tokenizer_path=path), resolved.arch.vocab_size
-    )
-    check_data(cfg)
+
+
+def prepare(cfg: RunConfig, ranks_here: bool = True, check_launcher: LauncherCheck | None = None) -> Prepared:
+    """``resolve``, the run's inputs (paths made absolute, data and tokenizer opened:
+    ``qwen3_trn.inputs``) and the exact torchtitan ``Trainer.Config`` the ranks will build.
+
+    Every problem is reported at once (``errors.Problems``): the ranges of every key and the
+    data are checked first and together; a value out of range stops there, as the layout and
+    memory checks after it would be meaningless; otherwise the layout checks (``resolve``),
+    the tokenizer and the fit check follow, each run where what it needs was resolved."""
+    problems = Problems()
+    with problems.check():
+        check_ranges(cfg)
+    in_range = not problems.found
+    absolute_paths(cfg)
+    with problems.check():
+        check_data(cfg)
+    with problems.check():
+        resume_checkpoint(cfg.checkpoint)
+    if not in_range:
+        problems.stop_if_any()
+    resolved = resolve(cfg, ranks_here, problems, check_launcher)
+    trainer_config = None
+    with problems.check():
+        trainer_config = _trainer_config(resolved)
+    if trainer_config is not None:
+        with problems.check():
+            check_tokenizer(
+                trainer_config.hf_assets_path, lambda path: trainer_config.tokenizer.build(tokenizer_path=path), resolved.arch.vocab_size
+            )
+    problems.stop_if_any()  # the fit check sizes a valid config
     report = fit.preflight(cfg, resolved.device, resolved.layout, resolved.arch, trainer_config, resolved.layout_choice)
     trainer_config.metrics.run_info["fit"] = report.to_record()
     return Prepared(**vars(resolved), trainer_config=trainer_config, fit=report)

@@ -89,6 +89,11 @@ def out_of_range(rule: Range, steps: int = 40) -> list:
     return values + list(rule.exclude)
 
 
+# Numbers that parse but are no value for any key: refused for every numeric key (float keys as
+# not finite, int keys as not integers).
+SPECIAL_NUMBERS = ("inf", "nan")
+
+
 def _select(key: str) -> list[str]:
     return next((select for leaf, _, select in schema_leaves() if leaf == key), [])
 
@@ -102,6 +107,9 @@ def generated_cases():
         if isinstance(choice, type) and issubclass(choice, Enum):
             bogus = "[bogus]" if typing.get_origin(hint) is list else "bogus"
             yield pytest.param([*select, f"{key}={bogus}"], key, id=f"option-{key}")
+        if hint in (int, float):
+            for special in SPECIAL_NUMBERS:
+                yield pytest.param([*select, f"{key}={special}"], key, id=f"special-{key}={special}")
     for key, rule in RANGES.items():
         for value in out_of_range(rule):
             yield pytest.param([*_select(key), f"{key}={value}"], key, id=f"range-{key}={value}")
@@ -121,7 +129,7 @@ def assert_refused(code: int, stderr: str, named: str, run_dir: Path) -> None:
 def test_the_suite_covers_the_schema():
     assert len(GENERATED) >= 80, len(GENERATED)
     kinds = {p.id.split("-", 1)[0] for p in GENERATED}
-    assert kinds == {"type", "option", "range"}
+    assert kinds == {"type", "option", "range", "special"}
     # every numeric key of the schema has a declared range
     numeric = {key for key, hint, _ in schema_leaves() if hint in (int, float)}
     unranged = numeric - set(RANGES)
@@ -302,6 +310,55 @@ def test_hf_model_config_json_malformed(tmp_path):
     model = _write(tmp_path / "hf" / "config.json", '{"architectures": ["Qwen3ForCausalLM"],\n "vocab_size": }').parent
     code, stderr = run_in_process(["backend=hf_v5", f"model.hf_model={model}"], tmp_path / "run")
     assert_refused(code, stderr, "config.json, line 2, column 16", tmp_path / "run")
+
+
+def test_run_directory_that_cannot_be_created(tmp_path):
+    blocker = _write(tmp_path / "a-file", "not a directory")
+    code, stderr = run_in_process([], blocker / "run")
+    assert_refused(code, stderr, "hydra.run.dir", blocker / "run")
+    assert f"'{blocker}' is a file, not a directory" in stderr
+    assert blocker.read_text() == "not a directory"
+
+
+def test_warm_up_longer_than_the_run_is_refused_when_given(tmp_path):
+    code, stderr = run_in_process(["training.steps=3", "optimizer.warmup_steps=4"], tmp_path / "run")
+    assert_refused(code, stderr, "optimizer.warmup_steps: must be <= training.steps (3), got 4", tmp_path / "run")
+
+
+# Two or more problems in one command: every one is reported, one paragraph each (key, what is
+# wrong, the fix), and nothing starts.
+ALL_AT_ONCE_CASES = {
+    "two-ranges": (["optimizer.lr=-1", "training.local_batch_size=0"], ["optimizer.lr", "training.local_batch_size"]),
+    "range-finite-and-data": (
+        ["optimizer.eps=nan", "model.n_layers=0", "data=files", "data.path=/nonexistent/corpus.jsonl"],
+        ["optimizer.eps: must be a finite number", "model.n_layers: must be >= 1", "data.path: '/nonexistent/corpus.jsonl' does not exist"],
+    ),
+    "data-resume-model-and-ranks": (
+        [
+            "data=files",
+            "data.path=/nonexistent/corpus.jsonl",
+            "checkpoint.resume_from=/nonexistent/run",
+            "model.top_k=2",
+            "launcher.nproc_per_node=64",
+        ],
+        ["data.path", "checkpoint.resume_from", "model.top_k", "launcher.nproc_per_node"],
+    ),
+    "layout-and-tokenizer": (
+        ["training.global_batch_size=3", "model.vocab_size=100"],
+        ["training.global_batch_size: 3 is not a multiple", "model.vocab_size"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ALL_AT_ONCE_CASES), ids=list(ALL_AT_ONCE_CASES))
+def test_every_problem_of_a_command_at_once(case, tmp_path):
+    args, named = ALL_AT_ONCE_CASES[case]
+    code, stderr = run_in_process(args, tmp_path / "run")
+    for needle in named:
+        assert_refused(code, stderr, needle, tmp_path / "run")
+    assert f"error: {len(named)} problems with this command:" in stderr
+    paragraphs = [p for p in stderr.split("\n\n")[1:] if p.strip() and not p.startswith("(set")]
+    assert len(paragraphs) == len(named), stderr
 
 
 def test_resume_from_without_a_complete_checkpoint(tmp_path):

@@ -1,20 +1,24 @@
 """The valid range of every numeric key, declared once next to the schema.
 
 ``RANGES`` maps a dotted key to its ``Range``; a bound is a number or another key (``le=
-"training.steps"``). ``check_ranges`` runs whenever a config is typed (``typed.py``), so a
-value out of range is a ``ConfigError`` naming the key, the bound and the default before
-anything is prepared. Keys of an option the run does not use (``launcher.partition`` with
-``launcher=local``) and unset optional keys (None) are not checked.
+"training.steps"``). ``check_ranges`` runs whenever a config is typed (``typed.py``) and again
+among preflight's checks, so a value out of range is a ``ConfigError`` naming the key, the
+bound and the default before anything is prepared; every such key is reported at once. Every
+float key of the schema must also be finite (no ``inf``/``nan``). Keys of an option the run
+does not use (``launcher.partition`` with ``launcher=local``) and unset optional keys (None)
+are not checked.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import operator
 from dataclasses import dataclass
 from typing import Any
 
 from qwen3_trn.config.schema import RunConfig
-from qwen3_trn.errors import ConfigError
+from qwen3_trn.errors import ConfigError, grouped
 
 Bound = float | str | None
 
@@ -144,14 +148,51 @@ def describe(rule: Range) -> str:
     return " and ".join(parts) + (f" ({rule.note})" if rule.note else "")
 
 
-def check_ranges(cfg: Any) -> None:
-    """ConfigError for the first key of ``RANGES`` whose value is out of range."""
+def _float_leaves(node: Any, prefix: str = "") -> list[tuple[str, float]]:
+    """Every float value of a typed config, by its dotted key (the ``titan`` escape hatch's
+    free-form values are torchtitan's to check)."""
+    leaves = []
+    for field in dataclasses.fields(node):
+        value, key = getattr(node, field.name), f"{prefix}{field.name}"
+        if dataclasses.is_dataclass(value):
+            leaves += _float_leaves(value, f"{key}.")
+        elif isinstance(value, float):
+            leaves.append((key, value))
+    return leaves
+
+
+def range_problems(cfg: Any) -> list[ConfigError]:
+    """A ``ConfigError`` for every float key that is not finite and every key of ``RANGES``
+    whose value is out of range."""
+    problems = [
+        ConfigError(key, f"must be a finite number, got {value}; {_hint(key)}.")
+        for key, value in _float_leaves(cfg)
+        if not math.isfinite(value)
+    ]
+    not_finite = {error.key for error in problems}
     for key, rule in RANGES.items():
         value = lookup(cfg, key)
-        if value is _MISSING or value is None or isinstance(value, bool):
+        if value is _MISSING or value is None or isinstance(value, bool) or key in not_finite:
             continue
         problem = violation(key, rule, value, cfg)
         if problem:
-            default = _default(key)
-            hint = f" (the default is {default})" if default not in (_MISSING, None) else ""
-            raise ConfigError(key, f"{problem}; valid: {describe(rule)}{hint}.")
+            problems.append(ConfigError(key, f"{problem}; valid: {describe(rule)}{_default_hint(key)}."))
+    return problems
+
+
+def _default_hint(key: str) -> str:
+    default = _default(key)
+    return f" (the default is {default})" if default not in (_MISSING, None) else ""
+
+
+def _hint(key: str) -> str:
+    rule = RANGES.get(key)
+    valid = f"valid: {describe(rule)}" if rule else "give a finite number"
+    return valid + _default_hint(key)
+
+
+def check_ranges(cfg: Any) -> None:
+    """A ``ConfigError`` naming every out-of-range or non-finite key (``range_problems``)."""
+    problems = range_problems(cfg)
+    if problems:
+        raise grouped(problems)

@@ -282,10 +282,24 @@ class OptimizerConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1.0e-8
-    warmup_steps: int = 4
+    # None: a tenth of training.steps, at most 200 (torchtitan's own default), so that the
+    # default fits a run of any length; a number given is refused when it exceeds the run.
+    warmup_steps: Optional[int] = None
     decay_ratio: Optional[float] = None
     decay_type: DecayType = DecayType.linear
     min_lr_factor: float = 0.0
+
+
+# The warm-up a run gets when optimizer.warmup_steps is not set: a share of the run, capped.
+AUTO_WARMUP_SHARE = 0.1
+AUTO_WARMUP_CAP = 200
+
+
+def warmup_steps(optimizer: OptimizerConfig, training_steps: int) -> int:
+    """The warm-up steps a run uses: the configured number, or a share of the run, capped."""
+    if optimizer.warmup_steps is not None:
+        return optimizer.warmup_steps
+    return min(int(training_steps * AUTO_WARMUP_SHARE), AUTO_WARMUP_CAP)
 
 
 @dataclass
@@ -457,7 +471,8 @@ class RunConfig:
     # Trainer.Config); check: plan, and build rank 0 on torchtitan's fake backend.
     mode: Mode = Mode.train
     run_name: Optional[str] = None
-    output_dir: str = MISSING
+    # The run directory: Hydra's (hydra.run.dir); null only where Hydra prints the config (--cfg).
+    output_dir: Optional[str] = MISSING
 
 
 # Groups whose options have a schema each, by the key that names the option.

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from qwen3_trn.config.composition import describe_value_problem
-from qwen3_trn.config.ranges import check_ranges
+from qwen3_trn.config.ranges import check_ranges as check_key_ranges
 from qwen3_trn.config.schema import OPTION_SCHEMAS, RunConfig
 from qwen3_trn.errors import ConfigError
 
@@ -26,7 +26,7 @@ MANDATORY_HINTS = {
 }
 
 
-def run_config_from_container(plain: dict[str, Any]) -> RunConfig:
+def run_config_from_container(plain: dict[str, Any], check_ranges: bool = True) -> RunConfig:
     base = OmegaConf.structured(RunConfig)
     for group, (key, options) in OPTION_SCHEMAS.items():
         node = plain.get(group) or {}
@@ -41,15 +41,18 @@ def run_config_from_container(plain: dict[str, Any]) -> RunConfig:
         raise ConfigError(key, f"has no value; {MANDATORY_HINTS.get(key, 'set it')}.") from None
     except OmegaConfBaseException as exc:
         raise describe_value_problem(getattr(exc, "full_key", None) or "config", str(exc)) from None
-    check_ranges(typed)
+    if typed.output_dir is None:
+        raise ConfigError("output_dir", "has no value; Hydra sets it from hydra.run.dir in a run, elsewhere give output_dir=<dir>.")
+    if check_ranges:
+        check_key_ranges(typed)
     return typed
 
 
-def to_run_config(cfg: DictConfig) -> RunConfig:
+def to_run_config(cfg: DictConfig, check_ranges: bool = True) -> RunConfig:
     try:
         plain = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as exc:  # e.g. ${oc.env:NAME} of a variable that is not set
         raise ConfigError(
             getattr(exc, "full_key", None) or "config", f"{str(exc).splitlines()[0]}; set what it refers to or give the value."
         ) from None
-    return run_config_from_container(plain)
+    return run_config_from_container(plain, check_ranges)
