@@ -173,7 +173,7 @@ def execute(cfg_node: DictConfig) -> dict | None:
     if cfg.mode != Mode.train:
         launch = launcher.describe(prepared, run_dir)
         differences = config_differences(node, sweep["swept_keys"] if sweep else None)
-        text = render_plan(prepared, launch, node, differences)
+        text = render_plan(prepared, launch, differences, run_dir)
         if cfg.mode == Mode.check:
             check = _check_in_subprocess(run_dir)
             text += f"\n== Fake-backend check ==\n{json.dumps(check)}\n"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ from qwen3_trn.config.overrides import override_key
 from qwen3_trn.launch import LaunchDescription
 from qwen3_trn.layout import Layout
 from qwen3_trn.preflight import Prepared
-from qwen3_trn.records import PLAN_TEXT_FILE, config_dump
+from qwen3_trn.records import CONFIG_FILE, PLAN_FILE, PLAN_TEXT_FILE, TRAINER_CONFIG_FILE
 from qwen3_trn.redact import redact_overrides, redact_tree
 
 
@@ -40,6 +39,19 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): node}
 
 
+def as_written(value: Any) -> str:
+    """A config value as a user writes it on the command line or in YAML."""
+    if isinstance(value, list):
+        return "[" + ", ".join(as_written(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {as_written(v)}" for k, v in value.items()) + "}"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
 def config_differences(resolved: DictConfig, swept_keys: list[str] | None) -> tuple[list[str], str, list[str]]:
     """The job's overrides, what it is compared with, and the resolved keys that differ from it:
     in a sweep (``swept_keys`` given) the config without the swept overrides, else the
@@ -55,7 +67,8 @@ def config_differences(resolved: DictConfig, swept_keys: list[str] | None) -> tu
     else:
         base_overrides, base_name = [], f"the defaults ({hydra_cfg.job.config_name}.yaml without overrides)"
     try:
-        base = redact_tree(OmegaConf.to_container(compose(config_name=hydra_cfg.job.config_name, overrides=base_overrides), resolve=True))
+        base_cfg = compose(config_name=hydra_cfg.job.config_name, overrides=base_overrides)
+        base = redact_tree(OmegaConf.to_container(base_cfg, resolve=True, enum_to_str=True))
         job = redact_tree(OmegaConf.to_container(resolved, resolve=True, enum_to_str=True))
     except Exception as exc:  # noqa: BLE001 - the plan is still useful without the diff
         return redact_overrides(overrides), base_name, [f"(could not compose the base config: {type(exc).__name__}: {exc})"]
@@ -65,7 +78,7 @@ def config_differences(resolved: DictConfig, swept_keys: list[str] | None) -> tu
         if key == "output_dir" or key.startswith("hydra."):
             continue
         if before.get(key, "<absent>") != after.get(key, "<absent>"):
-            lines.append(f"{key}: {before.get(key, '<absent>')} -> {after.get(key, '<absent>')}")
+            lines.append(f"{key}: {as_written(before.get(key, '<absent>'))} -> {as_written(after.get(key, '<absent>'))}")
     return redact_overrides(overrides), base_name, lines
 
 
@@ -82,11 +95,13 @@ def plan_record(prepared: Prepared, launch: LaunchDescription, run_dir: Path, di
     }
 
 
-def render_plan(prepared: Prepared, launch: LaunchDescription, resolved: DictConfig, differences: tuple[list[str], str, list[str]]) -> str:
+def render_plan(prepared: Prepared, launch: LaunchDescription, differences: tuple[list[str], str, list[str]], run_dir: Path) -> str:
+    """What a person reads of a plan, a screen or so for any model: the differences from the
+    defaults, the world and layout, memory per rank, the torchrun line. The full resolved config
+    and torchtitan's Trainer.Config are in the run directory; their paths are printed."""
     present = "present" if prepared.device.count else "not on this machine: planned only"
     overrides, base_name, lines = differences
     sections = [
-        ("Resolved config", config_dump(resolved).rstrip()),
         (
             "Overrides and differences from the base config",
             "\n".join([f"overrides: {' '.join(overrides) or '(none)'}", f"compared with: {base_name}", *(f"  {line}" for line in lines)])
@@ -104,10 +119,19 @@ def render_plan(prepared: Prepared, launch: LaunchDescription, resolved: DictCon
                 ]
             ),
         ),
-        ("Architecture", json.dumps(prepared.arch.summary())),
+        ("Architecture", ", ".join(f"{key}={as_written(value)}" for key, value in prepared.arch.summary().items())),
         *([("Memory and compute per rank (will it fit?)", prepared.fit.table())] if prepared.fit is not None else []),
         ("Equivalent torchrun command", launch.torchrun),
         *launch.sections.items(),
-        ("torchtitan Trainer.Config", json.dumps(prepared.trainer_config.to_dict(), indent=1, default=repr)),
+        (
+            "Files",
+            "\n".join(
+                [
+                    f"resolved config: {run_dir / CONFIG_FILE}",
+                    f"torchtitan Trainer.Config: {run_dir / TRAINER_CONFIG_FILE}",
+                    f"this plan: {run_dir / PLAN_TEXT_FILE} ({PLAN_FILE} for programs)",
+                ]
+            ),
+        ),
     ]
     return "\n\n".join(f"== {title} ==\n{body}" for title, body in sections) + "\n"

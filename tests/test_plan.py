@@ -19,7 +19,10 @@ def test_plan_for_trainium_prints_world_torchrun_and_trainer_config(run_dir):
         f"NEURON_LOGICAL_NC_CONFIG=2 torchrun --nnodes=1 --nproc_per_node=64 --rdzv_backend=c10d "
         f"--rdzv_endpoint=localhost:0 --local-ranks-filter=0 --role=rank --tee=3 -m qwen3_trn.rank {run_dir}/config.yaml"
     ) in out
-    assert '"backend": "neuron"' in out and '"grad_clip"' in out
+    # the full Trainer.Config goes to a file whose path the plan prints
+    assert f"torchtitan Trainer.Config: {run_dir}/trainer_config.json" in out and '"grad_clip"' not in out
+    trainer_config = (run_dir / "trainer_config.json").read_text()
+    assert '"backend": "neuron"' in trainer_config and '"grad_clip"' in trainer_config
     assert (run_dir / "plan.txt").read_text() == out
     assert not (run_dir / "metrics.jsonl").exists()
 
@@ -32,3 +35,18 @@ def test_check_builds_rank0_of_64_on_fake_backend(run_dir):
     assert check["world_size"] == 64
     # FSDP shards the parameters 64 ways: rank 0 holds about 1/64 of them
     assert check["parameters"] / 80 < check["rank0_local_parameters"] < check["parameters"] / 50
+
+
+def test_plan_of_the_largest_moe_fits_on_a_screen_and_reads_as_written(run_dir):
+    """A plan a person reads: about a screen for any model (the per-layer Trainer.Config is in a
+    file), values as a user writes them (no Python or Enum reprs)."""
+    result = run_cli(["mode=plan", "backend=nki_moe", "model=30B-A3B", "logger=none"], run_dir, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert len(out.splitlines()) <= 150, len(out.splitlines())
+    for section in ("Overrides and differences", "World", "Memory and compute per rank", "Equivalent torchrun command", "Files"):
+        assert f"== {section}" in out
+    assert "logger.backends: [wandb] -> []" in out and "backend.name: native -> nki_moe" in out
+    assert "<" not in out.split("== World ==")[0].replace("<absent>", ""), "a Python repr in the differences"
+    assert f"resolved config: {run_dir}/config.yaml" in out
+    assert len((run_dir / "trainer_config.json").read_text().splitlines()) > 1000  # the full dump, one block per layer
