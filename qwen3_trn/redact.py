@@ -21,6 +21,8 @@ import shlex
 import sys
 from typing import Any, Iterable, Mapping
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
 REDACTED = "<redacted>"
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|PRIVATE", re.IGNORECASE)
 # Shorter values are left alone by the value scrub (they would match ordinary text); the
@@ -73,11 +75,33 @@ def redact_dump(node: Any) -> Any:
 
 
 def redact_override(override: str) -> str:
-    """``+launcher.env.HF_TOKEN=hf_x`` -> ``+launcher.env.HF_TOKEN=<redacted>``."""
-    key, sep, _ = str(override).partition("=")
-    if sep and looks_secret(key.lstrip("+~").rsplit(".", 1)[-1]):
+    """``+launcher.env.HF_TOKEN=hf_x`` -> ``+launcher.env.HF_TOKEN=<redacted>``, and
+    ``+launcher.env={HF_TOKEN: hf_x, A: b}`` -> ``+launcher.env={HF_TOKEN: '<redacted>', A: b}``."""
+    key, sep, value = str(override).partition("=")
+    if not sep:
+        return str(override)
+    if looks_secret(key.lstrip("+~").rsplit(".", 1)[-1]):
         return f"{key}={REDACTED}"
+    if "{" in value:  # a dict value may hold secret keys
+        try:
+            parsed = OverridesParser.create().parse_override(str(override)).value()
+        except Exception:  # noqa: BLE001 - not an override Hydra can read: no structure to redact
+            return str(override)
+        redacted = redact_tree(parsed)
+        if redacted != parsed:
+            return f"{key}={_override_value(redacted)}"
     return str(override)
+
+
+def _override_value(node: Any) -> str:
+    """A plain value in Hydra's override syntax (strings quoted)."""
+    if isinstance(node, dict):
+        return "{" + ", ".join(f"{k}: {_override_value(v)}" for k, v in node.items()) + "}"
+    if isinstance(node, list):
+        return "[" + ", ".join(_override_value(v) for v in node) + "]"
+    if isinstance(node, str):
+        return "'" + node.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return "null" if node is None else json.dumps(node)
 
 
 def redact_overrides(overrides: Iterable[str]) -> list[str]:
