@@ -12,6 +12,7 @@ import fcntl
 import json
 import math
 import os
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import yaml
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from qwen3_trn.config.schema import RunConfig
@@ -161,6 +163,43 @@ def _claim(run_dir: Path) -> list[str]:
     return []
 
 
+def check_writable_dir(path: str | Path, key: str) -> None:
+    """A ``ConfigError`` naming ``key`` unless ``path`` is, or can be made, a directory this
+    process can write in. Probed by creating (and removing) a temporary directory in its deepest
+    existing ancestor, so nothing is left behind."""
+    path = Path(path).expanduser().absolute()
+    existing = next(parent for parent in (path, *path.parents) if parent.exists())
+    if not existing.is_dir():
+        raise ConfigError(key, f"'{path}' cannot be created: '{existing}' is a file, not a directory; choose another {key}.")
+    try:
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as exc:
+        raise ConfigError(
+            key, f"'{path}' cannot be created: '{existing}' is not writable ({exc.strerror}); choose a directory you can write to."
+        ) from None
+
+
+class OutputDirCheck(Callback):
+    """Hydra creates the run (or sweep) directory before the task starts: checked first, so
+    that a location that cannot be written is bad input naming ``hydra.run.dir`` (or
+    ``hydra.sweep.dir``), exit 2, rather than a traceback. Hydra turns a callback's exception
+    into a warning, so the refusal exits here."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(str(config.hydra.run.dir), "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(str(config.hydra.sweep.dir), "hydra.sweep.dir")
+
+    @staticmethod
+    def _check(path: str, key: str) -> None:
+        try:
+            check_writable_dir(path, key)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            sys.exit(2)
+
+
 def claim_run_dir(path: str | Path, fresh_if_taken: bool = False) -> Path:
     """The run directory, claimed for this run alone: refused if a run already wrote there.
 
@@ -169,6 +208,7 @@ def claim_run_dir(path: str | Path, fresh_if_taken: bool = False) -> Path:
     runs started in the same instant share): the loser takes ``<dir>-1``, ``<dir>-2``, ...
     instead of failing."""
     run_dir = Path(path)
+    check_writable_dir(run_dir, "hydra.run.dir")
     taken = _claim(run_dir)
     if not taken:
         return run_dir
@@ -211,6 +251,18 @@ def remove_empty_dirs(path: Path, levels: int = 1) -> None:
         except OSError:
             return
         path = path.parent
+
+
+def prune_empty_dirs(run_dir: Path) -> None:
+    """Remove every empty folder below ``run_dir`` (deepest first), once its ranks are done:
+    torchtitan makes ``comm_traces/`` for NCCL's flight recorder, which writes there only when a
+    collective times out, and wandb an empty ``tmp/code/`` in its run folder."""
+    for folder, _subfolders, files in os.walk(run_dir, topdown=False):
+        if Path(folder) != Path(run_dir) and not files:
+            try:
+                Path(folder).rmdir()  # fails, harmlessly, where a subfolder stayed
+            except OSError:
+                pass
 
 
 def holds_run(run_dir: Path) -> bool:

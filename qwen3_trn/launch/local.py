@@ -26,7 +26,7 @@ from qwen3_trn.launch.base import LaunchDescription, Launcher
 from qwen3_trn.launch.packing import SLICE_BINDERS, DeviceSlots, default_lock_dir
 from qwen3_trn.layout import Layout
 from qwen3_trn.preflight import Prepared
-from qwen3_trn.records import CONFIG_FILE, DEVICE_SLICE_FILE, LOGS_DIR, RunStatus, write_json_atomic
+from qwen3_trn.records import CONFIG_FILE, DEVICE_SLICE_FILE, LOGS_DIR, RunStatus, prune_empty_dirs, write_json_atomic
 from qwen3_trn.redact import looks_secret, passed_env
 from qwen3_trn.worker import WorkerJob, run_worker
 
@@ -91,6 +91,15 @@ def device_slice(job: WorkerJob, count: int) -> Iterator[dict[str, str]]:
             )
 
 
+@contextmanager
+def _pruned(run_dir: Path) -> Iterator[None]:
+    """No empty folder is left in the run directory once this node's ranks are done."""
+    try:
+        yield
+    finally:
+        prune_empty_dirs(run_dir)
+
+
 def start_node_ranks(
     job: WorkerJob, trainer_config: Trainer.Config | None = None, rdzv_backend: str = RendezvousBackend.c10d, devices_per_job: int = 0
 ) -> None:
@@ -98,7 +107,7 @@ def start_node_ranks(
     ``Trainer.Config`` preflight built here, if given), else PyTorch's elastic launcher."""
     launcher = job.cfg.launcher
     packing = device_slice(job, devices_per_job) if devices_per_job > 0 else nullcontext({})
-    with packing as slice_env:
+    with packing as slice_env, _pruned(Path(job.cfg.output_dir)):
         env = {**slice_env, **passed_env(launcher.env)}
         if job.layout.world_size == 1:
             single_rank = {
