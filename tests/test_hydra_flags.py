@@ -1,0 +1,88 @@
+"""Hydra's own flags work on the command: ``--cfg job|hydra|all`` with and without
+``--resolve``, ``--info``, ``--help`` and ``--hydra-help``.
+
+They run through the real entry point (``qwen3_trn.__main__.main``, Hydra's ``@hydra.main``) in
+this process: each is Hydra's argument handling, which a subprocess per flag would only repeat.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import sys
+
+import pytest
+import yaml
+
+FLAGS = {
+    "cfg-job": (["--cfg", "job"], "output_dir"),
+    "cfg-job-resolve": (["--cfg", "job", "--resolve"], "output_dir"),
+    "cfg-hydra": (["--cfg", "hydra"], "hydra"),
+    "cfg-hydra-resolve": (["--cfg", "hydra", "--resolve"], "hydra"),
+    "cfg-all": (["--cfg", "all"], "hydra"),
+    "cfg-all-resolve": (["--cfg", "all", "--resolve"], "hydra"),
+    "cfg-job-with-overrides": (["--cfg", "job", "--resolve", "backend=nki_moe", "training.steps=1"], "output_dir"),
+}
+
+
+@pytest.fixture
+def entry(monkeypatch):
+    """The command's entry point, imported with the system allocator chosen (importing it may
+    otherwise restart the process under tcmalloc), and each call with a fresh environment."""
+    monkeypatch.setenv("QWEN3_TRN_HOST_ALLOCATOR", "system")
+    for name in ("HYDRA_FULL_ERROR", "QWEN3_TRN_TRACEBACK"):
+        monkeypatch.delenv(name, raising=False)
+    return importlib.import_module("qwen3_trn.__main__")
+
+
+def call(entry, monkeypatch, args: list[str]) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["qwen3_trn", *args])
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            entry.main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code or 0
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("case", list(FLAGS), ids=list(FLAGS))
+def test_cfg_prints_the_config(case, entry, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    args, top_key = FLAGS[case]
+    code, out, err = call(entry, monkeypatch, args)
+    assert code == 0, err[-3000:]
+    printed = yaml.safe_load(out)
+    assert top_key in printed, out[:2000]
+    if top_key == "output_dir":
+        assert printed["training"]["steps"] == (1 if "training.steps=1" in args else 40)
+        assert printed["backend"]["name"] == ("nki_moe" if "backend=nki_moe" in args else "native")
+        if "--resolve" in args:
+            assert "${" not in out
+    assert not list(tmp_path.iterdir()), "printing the config writes nothing"
+
+
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["--info"], ["Config search path", "Defaults List", "backend: native"]),
+        (["--help"], ["== Configuration groups ==", "backend: hf_v5, native, nki_moe", "model:"]),
+        (["--hydra-help"], ["Hydra (", "--multirun"]),
+    ],
+    ids=["info", "help", "hydra-help"],
+)
+def test_info_and_help(args, needles, entry, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = call(entry, monkeypatch, args)
+    assert code == 0, err[-3000:]
+    for needle in needles:
+        assert needle in out, out[:3000]
+    assert not list(tmp_path.iterdir())
+
+
+def test_cfg_of_a_bad_command_is_bad_input(entry, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = call(entry, monkeypatch, ["--cfg", "job", "model=nonexistent"])
+    assert code == 2 and "Traceback" not in err and "model" in err, err[-3000:]
