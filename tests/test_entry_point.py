@@ -1,8 +1,10 @@
-"""Hydra's own flags work on the command: ``--cfg job|hydra|all`` with and without
-``--resolve``, ``--info``, ``--help`` and ``--hydra-help``.
+"""The command's entry point around Hydra: Hydra's own flags (``--cfg job|hydra|all`` with and
+without ``--resolve``, ``--info``, ``--help``, ``--hydra-help``) and the run and sweep
+directories Hydra creates, refused before it does when they cannot be written.
 
 They run through the real entry point (``qwen3_trn.__main__.main``, Hydra's ``@hydra.main``) in
-this process: each is Hydra's argument handling, which a subprocess per flag would only repeat.
+this process: each is Hydra's argument handling, which a subprocess per case would only repeat
+(``tests/test_errors.py`` runs the command for real).
 """
 
 from __future__ import annotations
@@ -86,3 +88,15 @@ def test_cfg_of_a_bad_command_is_bad_input(entry, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     code, out, err = call(entry, monkeypatch, ["--cfg", "job", "model=nonexistent"])
     assert code == 2 and "Traceback" not in err and "model" in err, err[-3000:]
+
+
+@pytest.mark.parametrize("multirun", [False, True], ids=["run", "sweep"])
+def test_output_directory_that_cannot_be_created(multirun, entry, monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    args = ["-m", "training.seed=1,2"] if multirun else []
+    code, out, err = call(entry, monkeypatch, [*args, f"{key}={blocker}/out"])
+    assert code == 2, err[-3000:]
+    assert err.startswith(f"error: {key}: '{blocker}/out' cannot be created: '{blocker}' is a file, not a directory")
+    assert "Traceback" not in err and blocker.read_text() == "not a directory"
