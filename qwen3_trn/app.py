@@ -35,7 +35,6 @@ from qwen3_trn.allocator import host_allocator_choice
 from qwen3_trn.config.composition import composition_error
 from qwen3_trn.config.schema import Mode
 from qwen3_trn.config.typed import to_run_config
-from qwen3_trn.convert import resume_checkpoint
 from qwen3_trn.errors import ConfigError, RunInterrupted, describe_error
 from qwen3_trn.fit import tracked_section
 from qwen3_trn.launch import build_launcher
@@ -158,12 +157,12 @@ def execute(cfg_node: DictConfig) -> dict | None:
     cfg.output_dir = str(run_dir)
     try:
         prepared = prepare(cfg, ranks_here=launcher.ranks_here, check_launcher=launcher.validate)
-        resume = resume_checkpoint(cfg.checkpoint)
     except BaseException:
         release_run_dir(run_dir)
         raise
     if str(run_dir) != str(requested):
         print(f"qwen3_trn: {requested} was taken by a run started at the same time; this run writes to {run_dir}", flush=True)
+    resume = prepared.resume
     for note in resume.notes() if resume else []:
         print(f"qwen3_trn: {note}", flush=True)
     node = OmegaConf.structured(cfg)  # typed: absolute paths, the claimed directory

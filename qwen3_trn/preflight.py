@@ -16,6 +16,7 @@ from torchtitan.trainer import Trainer
 
 from qwen3_trn import fit
 from qwen3_trn.backends import build_backend
+from qwen3_trn.checkpointing import ResumePoint
 from qwen3_trn.config.ranges import check_ranges
 from qwen3_trn.config.schema import LocalLauncherConfig, Mode, RunConfig
 from qwen3_trn.convert import architecture, resume_checkpoint, to_trainer_config
@@ -46,6 +47,8 @@ class Resolved:
 @dataclass
 class Prepared(Resolved):
     trainer_config: Trainer.Config
+    # The checkpoint the run resumes from (checkpoint.resume_from), None for a fresh run.
+    resume: ResumePoint | None = field(default=None, kw_only=True)
     # Rank 0's memory and the model's counts against the device (qwen3_trn.fit).
     fit: fit.FitReport | None = field(default=None, kw_only=True)
 
@@ -185,8 +188,9 @@ def prepare(cfg: RunConfig, ranks_here: bool = True, check_launcher: LauncherChe
     absolute_paths(cfg)
     with problems.check():
         check_data(cfg)
+    resume = None
     with problems.check():
-        resume_checkpoint(cfg.checkpoint)
+        resume = resume_checkpoint(cfg.checkpoint)
     if not in_range:
         problems.stop_if_any()
     resolved = resolve(cfg, ranks_here, problems, check_launcher)
@@ -201,4 +205,4 @@ def prepare(cfg: RunConfig, ranks_here: bool = True, check_launcher: LauncherChe
     problems.stop_if_any()  # the fit check sizes a valid config
     report = fit.preflight(cfg, resolved.device, resolved.layout, resolved.arch, trainer_config, resolved.layout_choice)
     trainer_config.metrics.run_info["fit"] = report.to_record()
-    return Prepared(**vars(resolved), trainer_config=trainer_config, fit=report)
+    return Prepared(**vars(resolved), trainer_config=trainer_config, resume=resume, fit=report)
