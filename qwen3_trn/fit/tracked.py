@@ -189,7 +189,7 @@ def _track(cfg: RunConfig, layout: Layout) -> TrackedStep:
         set_to_none = trainer.config.training.disable_cuda_graphs
         # The first step creates the optimizer states, untracked: under FakeTensorMode the
         # tracker books phantom temporaries to that first optimizer step (a real run measured
-        # with the same tracker, and torch's profiler, show none; see README "Will it fit?").
+        # with the same tracker, and torch's profiler, show none; see docs/fit.md).
         trainer.optimizers.zero_grad(set_to_none=set_to_none)
         _forward_backward(trainer, microbatches)
         _optimizer_step(trainer)

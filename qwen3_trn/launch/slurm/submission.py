@@ -46,7 +46,7 @@ def time_minutes(value: Any) -> int:
     if total < 60:
         raise ConfigError(
             "launcher.time",
-            f"'{text}' is under one minute; give the job at least 1 minute (10 or more to be requeued on preemption, see README).",
+            f"'{text}' is under one minute; give the job at least 1 minute (10 or more to be requeued on preemption, see docs/slurm.md).",
         )
     return math.ceil(total / 60)
 
