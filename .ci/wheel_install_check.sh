@@ -12,6 +12,9 @@ mkdir "$work/elsewhere"
 cd "$work/elsewhere"
 "$work/venv/bin/qwen3-trn" mode=plan logger=none hydra.run.dir="$work/elsewhere/plan1" > plan1.txt
 "$work/venv/bin/python" -m qwen3_trn mode=plan logger=none backend=nki_moe hydra.run.dir="$work/elsewhere/plan2" > plan2.txt
-grep -q "== torchtitan Trainer.Config ==" plan1.txt
-grep -q "KernelGroupedExperts\|nki_moe" plan2.txt
-echo "wheel install: qwen3-trn and python -m qwen3_trn planned runs from $work/elsewhere"
+# the sweeper comes with the wheel too (hydra_plugins/qwen3_trn_sweeper)
+"$work/venv/bin/python" -m qwen3_trn -m mode=plan logger=none training.seed=1,2 hydra.sweep.dir="$work/elsewhere/sweep" > sweep.txt
+grep -q "torchtitan Trainer.Config: $work/elsewhere/plan1/trainer_config.json" plan1.txt
+grep -q "KernelGroupedExperts\|nki_moe" "$work/elsewhere/plan2/trainer_config.json"
+grep -q "planned sweep" "$work/elsewhere/sweep/plan.txt"
+echo "wheel install: qwen3-trn, python -m qwen3_trn and a sweep planned from $work/elsewhere"

@@ -30,6 +30,10 @@ class Layout:
     def data_parallel(self) -> int:
         return self.dp_replicate * self.dp_shard
 
+    def degrees(self) -> str:
+        """The degrees above 1 (``dp_shard=64, ep=64``), or ``single`` for one rank."""
+        return ", ".join(f"{name}={getattr(self, name)}" for name in (*DEGREES, "ep") if getattr(self, name) > 1) or "single"
+
     def describe(self) -> str:
         parts = [f"{name}={getattr(self, name)}" for name in (*DEGREES, "ep")]
         return f"world {self.world_size} = {self.nnodes} node(s) x {self.nproc_per_node} rank(s): " + ", ".join(parts)

@@ -95,10 +95,11 @@ def plan_record(prepared: Prepared, launch: LaunchDescription, run_dir: Path, di
     }
 
 
-def render_plan(prepared: Prepared, launch: LaunchDescription, differences: tuple[list[str], str, list[str]], run_dir: Path) -> str:
+def render_plan(prepared: Prepared, launch: LaunchDescription, differences: tuple[list[str], str, list[str]], run_dir: Path | None) -> str:
     """What a person reads of a plan, a screen or so for any model: the differences from the
     defaults, the world and layout, memory per rank, the torchrun line. The full resolved config
-    and torchtitan's Trainer.Config are in the run directory; their paths are printed."""
+    and torchtitan's Trainer.Config are in the run directory; their paths are printed (none
+    for a job of a planned sweep, which writes no run directory)."""
     present = "present" if prepared.device.count else "not on this machine: planned only"
     overrides, base_name, lines = differences
     sections = [
@@ -123,15 +124,12 @@ def render_plan(prepared: Prepared, launch: LaunchDescription, differences: tupl
         *([("Memory and compute per rank (will it fit?)", prepared.fit.table())] if prepared.fit is not None else []),
         ("Equivalent torchrun command", launch.torchrun),
         *launch.sections.items(),
-        (
-            "Files",
-            "\n".join(
-                [
-                    f"resolved config: {run_dir / CONFIG_FILE}",
-                    f"torchtitan Trainer.Config: {run_dir / TRAINER_CONFIG_FILE}",
-                    f"this plan: {run_dir / PLAN_TEXT_FILE} ({PLAN_FILE} for programs)",
-                ]
-            ),
-        ),
     ]
+    if run_dir is not None:
+        files = [
+            f"resolved config: {run_dir / CONFIG_FILE}",
+            f"torchtitan Trainer.Config: {run_dir / TRAINER_CONFIG_FILE}",
+            f"this plan: {run_dir / PLAN_TEXT_FILE} ({PLAN_FILE} for programs)",
+        ]
+        sections.append(("Files", "\n".join(files)))
     return "\n\n".join(f"== {title} ==\n{body}" for title, body in sections) + "\n"

@@ -49,6 +49,8 @@ RUN_MARKERS = (CLAIM_FILE, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, "checkpoint"
 
 # --- files of a sweep directory and of its jobs ---
 SWEEP_FILE = "sweep.json"
+# Where a rerun of a sweep moves the directories of the jobs it runs again.
+ATTEMPTS_DIR = "previous-attempts"
 MANIFEST_FILE = "manifest.json"
 JOB_FILE = "job.json"
 ERROR_LOG = "error.log"
@@ -422,9 +424,11 @@ def write_job_record(run_dir: Path, record: dict[str, Any]) -> None:
 
 
 def job_records(sweep_dir: Path) -> dict[int, dict[str, Any]]:
-    """Every job.json under the sweep directory, by job number."""
+    """Every job.json under the sweep directory, by job number (earlier attempts left out)."""
     jobs: dict[int, dict[str, Any]] = {}
     for path in sorted(Path(sweep_dir).glob(f"**/{JOB_FILE}")):
+        if ATTEMPTS_DIR in path.relative_to(sweep_dir).parts:
+            continue
         job = read_json(path)
         if job and job.get("num") is not None:
             jobs.setdefault(int(job["num"]), job)

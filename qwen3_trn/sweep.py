@@ -99,7 +99,7 @@ def job_context() -> dict[str, Any] | None:
     overrides = redact_overrides(hydra_cfg.overrides.task)
     swept = shared.get("swept_keys") or []
     dirname = ",".join(redact_overrides(str(hydra_cfg.job.override_dirname or "").split(","))).strip(",")
-    name = ",".join(o for o in overrides if override_key(o) in swept) or dirname or f"job{hydra_cfg.job.num}"
+    name = job_name(overrides, swept, int(hydra_cfg.job.num), dirname)
     return {
         "dir": str(sweep_dir),
         "num": int(hydra_cfg.job.num),
@@ -110,6 +110,11 @@ def job_context() -> dict[str, Any] | None:
         "overrides": overrides,
         "job_dir": str(Path(hydra_cfg.runtime.output_dir).resolve()),
     }
+
+
+def job_name(overrides: list[str], swept: list[str], num: int, fallback: str = "") -> str:
+    """A job's name in the sweep: its swept overrides (``model.top_k=2,backend=hf_v5``)."""
+    return ",".join(o for o in redact_overrides(overrides) if override_key(o) in swept) or fallback or f"job{num}"
 
 
 def default_group(sweep_dir: Path) -> str:
@@ -237,7 +242,7 @@ def _job_line(job: dict[str, Any]) -> str:
             parts.append(f"{f['peak_memory_gib']:.2f} GiB")
         return f"{head}: {', '.join(parts)}  ({job.get('run_dir')})"
     if status == "skipped":
-        return f"{head}: does not apply: {job.get('reason')}"
+        return f"{head}: {'invalid' if job.get('invalid') else 'does not apply'}: {job.get('reason')}"
     if status == "failed":
         return f"{head}: {job.get('error')}  (log: {job.get('log') or job.get('run_dir')})"
     if status == "planned" and job.get("plan"):
@@ -428,6 +433,30 @@ def unknown_group_options(config: Any) -> list[str]:
     return problems
 
 
+def start_sweep_record(config: Any, resumed: bool = False) -> None:
+    """``<sweep dir>/sweep.json``: what every job of the sweep shares (its wandb group, the swept
+    keys, the command). A resumed sweep keeps its group and start time, so that its jobs, old
+    and new, stay one group."""
+    sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    earlier = read_sweep_file(sweep_dir) if resumed else {}
+    experiment = config.hydra.runtime.choices.get("experiment")
+    experiment = None if experiment in (None, "null") else str(experiment)
+    configured = config.get("logger", {}).get("wandb", {}).get("group")
+    group = configured or f"{experiment or 'sweep'}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    command = " ".join(["python -m qwen3_trn", *(shlex.quote(a) for a in sys.argv[1:])])
+    shared = {
+        "dir": str(sweep_dir),
+        "group": earlier.get("group") or group,
+        "experiment": experiment,
+        "swept_keys": swept_keys(config),
+        "command": command,
+        "started": earlier.get("started") or time.time(),
+        **({"resumed": [*earlier.get("resumed", []), {"at": time.time(), "command": command}]} if earlier else {}),
+    }
+    write_sweep_file(sweep_dir, shared)
+
+
 class SweepCallback(Callback):
     """Hydra callback that turns a multirun into a sweep with a manifest and a report."""
 
@@ -443,21 +472,6 @@ class SweepCallback(Callback):
         if problems:  # before any job runs, rather than a crash at that job
             print("error: this sweep cannot run:\n  " + "\n  ".join(problems), file=sys.stderr, flush=True)
             sys.exit(2)
-        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        experiment = config.hydra.runtime.choices.get("experiment")
-        experiment = None if experiment in (None, "null") else str(experiment)
-        configured = config.get("logger", {}).get("wandb", {}).get("group")
-        group = configured or f"{experiment or 'sweep'}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
-        shared = {
-            "dir": str(sweep_dir),
-            "group": group,
-            "experiment": experiment,
-            "swept_keys": swept_keys(config),
-            "command": " ".join(["python -m qwen3_trn", *(shlex.quote(a) for a in sys.argv[1:])]),
-            "started": time.time(),
-        }
-        write_sweep_file(sweep_dir, shared)
 
     def on_job_start(self, config: Any, **kwargs: Any) -> None:
         """Hydra's basic sweeper has just written the sweep's config (multirun.yaml), secrets
@@ -489,6 +503,10 @@ class SweepCallback(Callback):
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
         jobs = settle_jobs(collect_jobs(sweep_dir), wait=bool(config.get("launcher", {}).get("wait", False)))
+        planned = read_manifest(sweep_dir) or {}
+        if not jobs and planned.get("planned"):  # a planned sweep: the sweeper wrote its manifest, no job ran
+            print(format_summary(planned), flush=True)
+            return
         in_flight = any(job.get("status") in IN_FLIGHT_STATUSES for job in jobs)
         manifest = write_manifest(sweep_dir, jobs, {"complete": not in_flight})
         if in_flight:

@@ -145,9 +145,11 @@ def test_plan_of_a_sweep_shows_each_job_and_its_submission(tmp_path: Path):
     assert result.returncode == 0, result.stderr[-3000:]
     manifest = json.loads((sweep / "manifest.json").read_text())
     assert manifest["counts"]["planned"] == 2 and manifest["counts"]["total"] == 2
+    plans = (sweep / "plan.txt").read_text().split("=== job #")[1:]  # after the table, each job's plan
     for num, seed in ((0, 1), (1, 2)):
         job = manifest["jobs"][num]
-        plan = (sweep / str(num) / "plan.txt").read_text()
+        plan = plans[num]
+        assert plan.startswith(f"{num} ")
         # its differences from the sweep's base config
         assert f"training.seed: 42 -> {seed}" in plan and job["plan"]["differences"] == [f"training.seed: 42 -> {seed}"]
         # its world size and where it would run
@@ -172,7 +174,7 @@ def test_plan_of_a_sweep_shows_each_job_and_its_submission(tmp_path: Path):
             "<20000 + job id % 10000> --rdzv_id=slurm-$SLURM_JOB_ID"
         ) in plan
         assert f"#{num} planned   training.seed={seed}: world 4 on Slurm partition cpu" in result.stdout
-        assert not (sweep / str(num) / "slurm").exists() and not (sweep / str(num) / "summary.json").exists(), "plan mode submits nothing"
+        assert not (sweep / str(num)).exists(), "plan mode submits nothing and writes no run per job"
 
 
 # --------------------------------------------------------------------------------------------

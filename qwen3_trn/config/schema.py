@@ -448,6 +448,15 @@ class FitConfig:
 
 
 @dataclass
+class SweepConfig:
+    """How a multirun treats its jobs (``qwen3_trn.sweeper``)."""
+
+    # false: one invalid job stops the sweep before any job starts; true: the valid jobs run and
+    # the invalid ones are recorded as skipped.
+    skip_invalid: bool = False
+
+
+@dataclass
 class RunConfig:
     """The whole composed configuration of one job."""
 
@@ -464,6 +473,7 @@ class RunConfig:
     launcher: LauncherConfig = field(default_factory=LocalLauncherConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     fit: FitConfig = field(default_factory=FitConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
     # Escape hatch: any torchtitan Trainer.Config field by its dotted path,
     # e.g. ``+titan.comm.init_timeout_seconds=600``. Checked against the real dataclass.
     titan: dict[str, Any] = field(default_factory=dict)

@@ -7,6 +7,8 @@ stores each under ``schema/<group>/<option>``; the option's YAML names it in its
 """
 
 import typing
+from dataclasses import dataclass, field
+from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -14,6 +16,17 @@ from omegaconf import DictConfig, OmegaConf
 from qwen3_trn.config.schema import OPTION_SCHEMAS, RunConfig
 
 SCHEMA_NAME = "run_schema"
+SWEEPER_NAME = "qwen3_trn"
+
+
+@dataclass
+class CheckedSweeperConf:
+    """``hydra/sweeper=qwen3_trn`` (the default): Hydra's basic sweeper's settings, with
+    preflight and resume (``qwen3_trn.sweeper``)."""
+
+    _target_: str = "hydra_plugins.qwen3_trn_sweeper.Qwen3TrnSweeper"
+    max_batch_size: Optional[int] = None
+    params: Optional[dict[str, str]] = field(default_factory=dict)
 
 
 def run_schema() -> DictConfig:
@@ -29,6 +42,7 @@ def run_schema() -> DictConfig:
 def register_schema() -> None:
     store = ConfigStore.instance()
     store.store(name=SCHEMA_NAME, node=run_schema())
+    store.store(group="hydra/sweeper", name=SWEEPER_NAME, node=CheckedSweeperConf, provider="qwen3_trn")
     for group, (_, options) in OPTION_SCHEMAS.items():
         for option, schema in options.items():
             store.store(group=f"schema/{group}", name=option, node=schema)

@@ -1,0 +1,121 @@
+"""Sweeps through the project's sweeper (``qwen3_trn.sweeper``): every job checked before any
+starts, a planned sweep as one table, and a sweep directory that resumes (real multiruns)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, cli_env, read_metrics, read_summary, run_cli
+from tests.secret_values import SECRETS_IN_LAUNCHER_ENV, files_with_secrets, secret_args
+
+ONE_STEP = ["training.steps=1", "logger=none"]
+
+
+def manifest(sweep: Path) -> dict:
+    return json.loads((sweep / "manifest.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_sweep_with_an_invalid_job_starts_nothing(tmp_path):
+    sweep = tmp_path / "sweep"
+    result = run_cli(["-m", "backend=nki_moe", "model=tiny_moe", "model.top_k=1,99,2", *ONE_STEP, f"hydra.sweep.dir={sweep}"])
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: 1 of 3 jobs of this sweep are invalid; nothing was started:")
+    assert "#1 backend=nki_moe model=tiny_moe model.top_k=99" in result.stderr
+    assert "model.top_k: top_k=99 is larger than num_experts=8" in result.stderr
+    assert "sweep.skip_invalid=true" in result.stderr
+    assert not sweep.exists(), "nothing is written before every job is valid"
+
+
+@pytest.mark.slow
+def test_skip_invalid_runs_the_valid_jobs_and_a_rerun_trains_nothing_again(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", *ONE_STEP, "training.seed=1,2", "model.n_layers=2,0", "sweep.skip_invalid=true", f"hydra.sweep.dir={sweep}"]
+    first = run_cli(args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    jobs = {job["num"]: job for job in manifest(sweep)["jobs"]}
+    assert [jobs[n]["status"] for n in range(4)] == ["completed", "skipped", "completed", "skipped"]
+    assert jobs[1]["invalid"] and "model.n_layers: must be >= 1, got 0" in jobs[1]["reason"]
+    assert not (sweep / "1" / "metrics.jsonl").exists()
+    trained = {n: (sweep / str(n) / "metrics.jsonl").read_bytes() for n in (0, 2)}
+    stamps = {n: (sweep / str(n) / "summary.json").stat().st_mtime_ns for n in (0, 2)}
+
+    again = run_cli(args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("completed earlier, kept") == 2
+    for n in (0, 2):  # nothing trained again: the runs' records are untouched
+        assert (sweep / str(n) / "metrics.jsonl").read_bytes() == trained[n]
+        assert (sweep / str(n) / "summary.json").stat().st_mtime_ns == stamps[n]
+    assert manifest(sweep)["counts"] == {**manifest(sweep)["counts"], "completed": 2, "skipped": 2, "total": 4}
+    assert json.loads((sweep / "sweep.json").read_text())["resumed"], "the sweep record says it was resumed"
+
+
+@pytest.mark.slow
+def test_a_planned_sweep_is_one_table_and_no_run_per_job(tmp_path):
+    sweep = tmp_path / "sweep"
+    result = run_cli(
+        ["-m", "mode=plan", "logger=none", "model=tiny,tiny_moe", "launcher.nproc_per_node=1,2", *secret_args(), f"hydra.sweep.dir={sweep}"]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "planned sweep" in result.stdout
+    for column in ("layout", "memory per rank", "fits", "TFLOP per step"):
+        assert column in result.stdout
+    assert sorted(p.name for p in sweep.iterdir()) == ["manifest.json", "multirun.yaml", "plan.txt", "sweep.json"]
+    planned = manifest(sweep)
+    assert planned["counts"]["planned"] == 4 and planned["planned"]
+    assert [job["plan"]["world_size"] for job in planned["jobs"]] == [1, 2, 1, 2]
+    plan = (sweep / "plan.txt").read_text()
+    assert plan.count("=== job #") == 4 and "model.flavor: debugmodel -> debugmodel_moe" in plan
+    assert files_with_secrets(sweep) == []
+    assert not any(v in result.stdout + result.stderr for v in SECRETS_IN_LAUNCHER_ENV.values())
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_resumes_its_job_from_the_checkpoint(tmp_path):
+    """Ctrl-C while job 1 trains; the same command again keeps job 0, moves job 1's attempt
+    aside and resumes it from its last complete checkpoint."""
+    sweep = tmp_path / "sweep"
+    args = [
+        "-m",
+        "logger=none",
+        "validation=off",
+        "training.steps=40",
+        "training.seq_len=64",
+        "checkpoint=on",
+        "checkpoint.interval=2",
+        "training.seed=1,2",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "qwen3_trn", *args], cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    deadline = time.time() + 600
+    while not (sweep / "1" / "checkpoint" / "step-2" / ".metadata").is_file():
+        assert process.poll() is None and time.time() < deadline, process.communicate()[1][-3000:]
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 130, err.decode()[-3000:]
+    assert json.loads((sweep / "1" / "job.json").read_text())["status"] == "interrupted"
+    job0 = (sweep / "0" / "metrics.jsonl").read_bytes()
+
+    again = run_cli(args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (sweep / "0" / "metrics.jsonl").read_bytes() == job0, "the completed job is kept"
+    attempt = sweep / "previous-attempts" / "1-1"
+    assert (attempt / "checkpoint" / "step-2" / ".metadata").is_file(), "the earlier attempt is kept, moved aside"
+    summary = read_summary(sweep / "1")
+    assert summary["status"] == "completed" and summary["resumed_from"].startswith(str(attempt / "checkpoint" / "step-"))
+    resumed_at = int(summary["resumed_from"].rsplit("step-", 1)[1])
+    assert [r["step"] for r in read_metrics(sweep / "1")] == list(range(resumed_at + 1, 41))
+    jobs = manifest(sweep)["jobs"]
+    assert [job["status"] for job in jobs] == ["completed", "completed"]
+    assert f"checkpoint.resume_from={attempt}" in jobs[1]["overrides"], "the job records where it resumed from"
