@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -26,6 +27,22 @@ register_schema()
 
 # Small, fast settings for real training on a 2-core CPU.
 FAST = ["training.steps=6", "training.seq_len=128", "optimizer.warmup_steps=2"]
+
+# Nothing from the Hugging Face hub: the runs use the shipped tokenizer, the exports are local.
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+# A few steps of a run that exports Hugging Face weights (checkpoint=hf_export): the export tests
+# (tests/test_hf_export.py, tests/test_hf_v5.py) share one such run per mode (``hf_export_run``).
+HF_EXPORT_STEPS = 4
+HF_EXPORT_TRAINING = [
+    f"training.steps={HF_EXPORT_STEPS}",
+    "training.seq_len=64",
+    "optimizer.warmup_steps=2",
+    "logger=none",
+    "validation=off",
+]
+NATIVE_DENSE = ["backend=native", "model=tiny", "checkpoint.hf_interval=2"]  # also exported at step 2
+HF_V5_DENSE = ["backend=hf_v5", "model=tiny"]
 
 
 def compose_config(overrides: list[str], output_dir: str | Path = "/tmp/qwen3_trn_unused") -> DictConfig:
@@ -50,16 +67,41 @@ def run_cli(
     return subprocess.run(cmd, cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout, env=cli_env(env))
 
 
-def run_in_process(args: list[str], run_dir: Path, config_dir: Path | None = None) -> tuple[int, str]:
+@contextlib.contextmanager
+def _process_state_kept() -> Iterator[None]:
+    """What a run changes in its process, put back afterwards: the environment (the launch time,
+    the launcher's variables), ``sys.argv`` (redacted) and the root logger (a run points it at
+    its own rank log)."""
+    env, argv = dict(os.environ), list(sys.argv)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        logging.captureWarnings(False)
+        sys.argv[:] = argv
+        os.environ.clear()
+        os.environ.update(env)
+
+
+def in_process(args: list[str], run_dir: Path, config_dir: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     """The command's path in this process: Hydra's compose and the app's task function, under
-    the same exit-code contract as ``python -m qwen3_trn`` (``app.exit_status``). Returns the
-    exit status and what went to stderr."""
+    the same exit-code contract as ``python -m qwen3_trn`` (``app.exit_status``); one-rank runs
+    train here, more ranks start as the elastic launcher's processes; ``env`` is added to the
+    environment for the run. Returns what ``run_cli`` returns: the exit status and what went to
+    stdout and stderr."""
     from qwen3_trn.app import exit_status, run
     from qwen3_trn.config.composition import refuse_shadowed_config_files
 
     searchpath = [f"hydra.searchpath=[file://{config_dir}]"] if config_dir else []
-    err, code = io.StringIO(), 0
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with _process_state_kept(), contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        os.environ.update(env or {})
         try:
             with exit_status([*([config_dir] if config_dir else []), CONF]):
                 refuse_shadowed_config_files([config_dir] if config_dir else [], CONF)
@@ -68,7 +110,13 @@ def run_in_process(args: list[str], run_dir: Path, config_dir: Path | None = Non
                 run(cfg)
         except SystemExit as exc:
             code = exc.code
-    return code, err.getvalue()
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+def run_in_process(args: list[str], run_dir: Path, config_dir: Path | None = None) -> tuple[int, str]:
+    """``in_process``'s exit status and stderr."""
+    done = in_process(args, run_dir, config_dir)
+    return done.returncode, done.stderr
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -89,6 +137,40 @@ def assert_trained(result: subprocess.CompletedProcess, run_dir: Path, steps: in
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+@dataclass(frozen=True)
+class SharedRun:
+    run_dir: Path
+    result: subprocess.CompletedProcess
+
+
+@pytest.fixture(scope="session")
+def shared_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., SharedRun]:
+    """``shared_run(args)``: one run per command line for the whole session, trained by the
+    first test that asks for it, for tests that only read what it left (a test that changes a
+    run works on a copy in its own tmp_path). In this process (``in_process``), or with
+    ``cli=True`` as a real ``python -m qwen3_trn`` process (``run_cli``); ``env`` is added to
+    the run's environment."""
+    runs: dict[tuple, SharedRun] = {}
+
+    def get(args: list[str], cli: bool = False, env: dict | None = None) -> SharedRun:
+        key = (tuple(args), cli, tuple(sorted((env or {}).items())))
+        if key not in runs:
+            run_dir = tmp_path_factory.mktemp("shared_run") / "run"
+            result = run_cli(args, run_dir, env=env) if cli else in_process(args, run_dir, env=env)
+            runs[key] = SharedRun(run_dir, result)
+        return runs[key]
+
+    return get
+
+
+def hf_export_run(shared_run: Callable[..., SharedRun], mode: list[str]) -> SharedRun:
+    """The session's tiny run of ``mode`` exporting Hugging Face weights, with DCP checkpoints as
+    well (the export check loads the same step into torchtitan). backend=hf_v5 trains as its own
+    process: building its model patches transformers for the rest of a process."""
+    args = [*mode, "checkpoint=hf_export", "checkpoint.enable=true", *HF_EXPORT_TRAINING]
+    return shared_run(args, cli="backend=hf_v5" in mode, env=OFFLINE)
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,30 +22,39 @@ from qwen3_trn.app import execute
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.hf.checkpoint import checkpoint_shapes, expected_shapes, read_config
 from qwen3_trn.verify import verify_export
-from tests.conftest import REPO, assert_trained, compose_config, read_summary, run_cli
+from tests.conftest import (
+    HF_EXPORT_STEPS,
+    HF_EXPORT_TRAINING,
+    HF_V5_DENSE,
+    NATIVE_DENSE,
+    OFFLINE,
+    REPO,
+    assert_trained,
+    compose_config,
+    hf_export_run,
+    in_process,
+    read_summary,
+)
 
 pytestmark = pytest.mark.slow
 
-STEPS = 3
-TINY = [f"training.steps={STEPS}", "training.seq_len=64", "optimizer.warmup_steps=1", "logger=none", "validation=off"]
-OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-
 MODES = [
     # (overrides, architecture, tied embeddings)
-    (["backend=native", "model=tiny", "checkpoint.hf_interval=2"], "Qwen3ForCausalLM", True),
+    (NATIVE_DENSE, "Qwen3ForCausalLM", True),
     (["backend=native", "model=tiny_moe"], "Qwen3MoeForCausalLM", False),
     (["backend=nki_moe"], "Qwen3MoeForCausalLM", False),
-    (["backend=hf_v5", "model=tiny"], "Qwen3ForCausalLM", True),
+    (HF_V5_DENSE, "Qwen3ForCausalLM", True),
 ]
 
 
 @pytest.mark.parametrize("overrides,architecture,tied", MODES, ids=["native-dense", "native-moe", "nki_moe", "hf_v5-dense"])
-def test_hf_export_loads_generates_and_matches_torchtitan(overrides, architecture, tied, tmp_path):
-    run_dir = tmp_path / "run"
-    # DCP checkpoints too (checkpoint.enable): the comparison loads the trained model into torchtitan
-    result = run_cli([*overrides, "checkpoint=hf_export", "checkpoint.enable=true", *TINY], run_dir, env=OFFLINE)
-    assert_trained(result, run_dir, steps=STEPS)
-    export = run_dir / "hf" / f"step-{STEPS}"
+def test_hf_export_loads_generates_and_matches_torchtitan(overrides, architecture, tied, shared_run):
+    # the mode's shared run (tests/test_hf_v5.py reads the dense ones too); DCP checkpoints as
+    # well (checkpoint.enable): the comparison loads the trained model into torchtitan
+    run = hf_export_run(shared_run, overrides)
+    run_dir, result = run.run_dir, run.result
+    assert_trained(result, run_dir, steps=HF_EXPORT_STEPS)
+    export = run_dir / "hf" / f"step-{HF_EXPORT_STEPS}"
     summary = read_summary(run_dir)
     assert summary["hf_export"] == str(export) and f"Hugging Face model: {export}" in result.stdout
 
@@ -81,15 +90,15 @@ def test_hf_export_loads_generates_and_matches_torchtitan(overrides, architectur
 
     if "checkpoint.hf_interval=2" in overrides:  # also exported at step 2, a folder of its own
         assert read_config(run_dir / "hf" / "step-2")["architectures"] == [architecture]
-        assert sorted(p.name for p in (run_dir / "hf").iterdir() if p.is_dir()) == ["step-2", f"step-{STEPS}"]
+        assert sorted(p.name for p in (run_dir / "hf").iterdir() if p.is_dir()) == ["step-2", f"step-{HF_EXPORT_STEPS}"]
 
 
 def test_bfloat16_export_without_checkpoints(tmp_path):
     """checkpoint=hf_export alone writes no DCP checkpoint; export_dtype sets the stored dtype."""
     run_dir = tmp_path / "run"
-    result = run_cli(["checkpoint=hf_export", "checkpoint.export_dtype=bfloat16", *TINY], run_dir, env=OFFLINE)
-    assert_trained(result, run_dir, steps=STEPS)
-    export = run_dir / "hf" / f"step-{STEPS}"
+    result = in_process(["checkpoint=hf_export", "checkpoint.export_dtype=bfloat16", *HF_EXPORT_TRAINING], run_dir, env=OFFLINE)
+    assert_trained(result, run_dir, steps=HF_EXPORT_STEPS)
+    export = run_dir / "hf" / f"step-{HF_EXPORT_STEPS}"
     assert not (run_dir / "checkpoint").exists()
     assert read_config(export)["dtype"] == "bfloat16"
     assert {dtype for _, dtype in checkpoint_shapes(export).values()} == {"BF16"}

@@ -15,11 +15,21 @@ import torch
 from qwen3_trn.app import execute, to_run_config
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.hf.testing import DENSE, MOE, make_random_hf_checkpoint
-from tests.conftest import REPO, assert_trained, compose_config, read_summary, run_cli
+from tests.conftest import (
+    HF_EXPORT_STEPS,
+    HF_V5_DENSE,
+    NATIVE_DENSE,
+    OFFLINE,
+    REPO,
+    assert_trained,
+    compose_config,
+    hf_export_run,
+    read_summary,
+    run_cli,
+)
 
 # Tiny and quick: 2 layers, 64 tokens per row, 4 steps (fp32 on this CPU).
 TINY_RUN = ["training.steps=4", "training.seq_len=64", "optimizer.warmup_steps=2", "logger=none"]
-OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
 @pytest.fixture(autouse=True)
@@ -77,11 +87,11 @@ def _load_with_transformers(folder: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def dense_run(tmp_path_factory) -> tuple[Path, list[dict]]:
-    """backend=hf_v5 on the default model (model=tiny), exporting HF safetensors at the end."""
-    run_dir = tmp_path_factory.mktemp("hf_dense") / "run"
-    result = run_cli(["backend=hf_v5", "checkpoint=hf_export", *TINY_RUN], run_dir, env=OFFLINE)
-    return run_dir, assert_trained(result, run_dir, steps=4)
+def dense_run(shared_run) -> tuple[Path, list[dict]]:
+    """backend=hf_v5 on the default model (model=tiny), exporting HF safetensors at the end: the
+    session's run that tests/test_hf_export.py checks against torchtitan."""
+    run = hf_export_run(shared_run, HF_V5_DENSE)
+    return run.run_dir, assert_trained(run.result, run.run_dir, steps=HF_EXPORT_STEPS)
 
 
 @pytest.mark.slow
@@ -98,7 +108,7 @@ def test_default_hf_v5_run_trains_offline_and_exports_hf(dense_run):
     hf_config = json.loads((Path(trainer_config["hf_model"]) / "config.json").read_text())
     assert hf_config["architectures"] == ["Qwen3ForCausalLM"] and hf_config["num_hidden_layers"] == 2
 
-    export = run_dir / "hf" / "step-4"
+    export = run_dir / "hf" / f"step-{HF_EXPORT_STEPS}"
     assert (export / "config.json").is_file() and list(export.glob("*.safetensors"))
     loaded = _load_with_transformers(export)
     assert loaded["class"] == "Qwen3ForCausalLM"
@@ -113,7 +123,7 @@ def test_finetune_from_hf_weights_loads_them_before_step_one(dense_run, tmp_path
     """model.hf_model and checkpoint.initial_load_path both point at the exported HF directory;
     with lr=0 the weights cannot move, so the new export must equal the loaded one exactly."""
     first_dir, first = dense_run
-    export = first_dir / "hf" / "step-4"
+    export = first_dir / "hf" / f"step-{HF_EXPORT_STEPS}"
     run_dir = tmp_path / "run"
     result = run_cli(
         [
@@ -143,11 +153,12 @@ def test_finetune_from_hf_weights_loads_them_before_step_one(dense_run, tmp_path
 
 
 @pytest.mark.slow
-def test_loss_parity_with_native(dense_run, tmp_path):
-    """Same architecture (model=tiny), seed, data and steps: comparable start, both decrease."""
+def test_loss_parity_with_native(dense_run, shared_run):
+    """Same architecture (model=tiny), seed, data and steps: comparable start, both decrease.
+    The native run is the session's native export run (tests/test_hf_export.py)."""
     _, hf_records = dense_run
-    run_dir = tmp_path / "native"
-    native_records = assert_trained(run_cli(["backend=native", *TINY_RUN], run_dir, env=OFFLINE), run_dir, steps=4)
+    native = hf_export_run(shared_run, NATIVE_DENSE)
+    native_records = assert_trained(native.result, native.run_dir, steps=HF_EXPORT_STEPS)
     hf_losses = [r["loss"] for r in hf_records]
     native_losses = [r["loss"] for r in native_records]
     print(f"loss parity: native {native_losses} hf_v5 {hf_losses}")
