@@ -7,8 +7,10 @@ bootstrap used by the ranks, the fake-backend layout check and the HF round trip
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +71,31 @@ def build_trainer(
     return trainer_config.build()
 
 
+# Set by torch elastic's agent (torchrun's engine) in the environment of every rank it starts.
+ELASTIC_RANK_ENV = "TORCHELASTIC_RUN_ID"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_launcher() -> None:
+    """A rank that torch elastic's agent started is killed when the agent's process dies.
+
+    torch's spawn asks the kernel for a SIGINT to the ranks when their parent dies; a rank that
+    ignores SIGINT (or is deep in a collective that never returns to Python) trains on as an
+    orphan after its launcher is killed (SIGKILL, the OOM killer, a job step cancelled hard),
+    writing checkpoints that a resume started meanwhile races for. SIGKILL cannot be ignored.
+    A rank trained in-process (a one-rank world) is the launching process itself."""
+    if ELASTIC_RANK_ENV not in os.environ or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        logging.getLogger(__name__).warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+        return
+    if os.getppid() == 1:  # the agent was already gone before the signal was armed
+        os._exit(1)
+
+
 def run_worker(job: WorkerJob, trainer_config: Trainer.Config | None = None) -> None:
+    die_with_launcher()
     cfg = job.cfg
     configure_logging(cfg, int(os.environ.get("RANK", "0")))
     trainer = None
