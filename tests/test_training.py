@@ -8,10 +8,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import FAST, assert_trained, cli_env, read_metrics, read_summary, run_cli
+from tests.conftest import FAST, assert_trained, cli_env, in_process, read_metrics, read_summary, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -47,15 +48,36 @@ def test_default_run_trains_offline_and_reports(run_dir):
 
 
 def test_native_moe_trains(run_dir):
-    result = run_cli(["model=tiny_moe", *FAST], run_dir)
+    result = in_process(["model=tiny_moe", *FAST], run_dir)
     records = assert_trained(result, run_dir, steps=6)
     assert _falls(records), [r["loss"] for r in records]
     assert read_summary(run_dir)["architecture"]["num_experts"] == 8
 
 
-def test_two_rank_fsdp_on_gloo(run_dir):
-    result = run_cli(["launcher.nproc_per_node=2", "parallelism=fsdp", *FAST], run_dir)
-    records = assert_trained(result, run_dir, steps=6)
+# 2 ranks, FSDP over gloo, checkpoints every 2 steps: the run the multi-rank test reads and the
+# uninterrupted reference of the resume test.
+FSDP = [
+    "launcher.nproc_per_node=2",
+    "parallelism=fsdp",
+    "checkpoint=on",
+    "checkpoint.interval=2",
+    "checkpoint.keep_latest_k=0",
+    "training.seq_len=64",
+    "optimizer.warmup_steps=2",
+    "logger=none",
+    "training.steps=7",
+]
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    run_dir = tmp_path_factory.mktemp("fsdp") / "run"
+    return run_cli(FSDP, run_dir), run_dir
+
+
+def test_two_rank_fsdp_on_gloo(fsdp_run):
+    result, run_dir = fsdp_run
+    records = assert_trained(result, run_dir, steps=7)
     assert _falls(records), [r["loss"] for r in records]
     summary = read_summary(run_dir)
     assert summary["world_size"] == 2 and "dp_shard=2" in summary["layout"]
@@ -64,29 +86,17 @@ def test_two_rank_fsdp_on_gloo(run_dir):
     assert "[rank1]" not in result.stdout
 
 
-def test_killed_fsdp_run_resumes_with_the_losses_of_an_uninterrupted_one(tmp_path):
+def test_killed_fsdp_run_resumes_with_the_losses_of_an_uninterrupted_one(fsdp_run, tmp_path):
     """2 ranks, FSDP over gloo. A run killed with SIGKILL between checkpoints and resumed from
     its run directory, given relative to where the command runs (the README's
     ``checkpoint.resume_from=outputs/runs/<date>/<time>``), logs exactly the losses of a run that
     was never interrupted at every later step. (Absolute paths: the resume tests in
     tests/test_reliability.py and the Slurm requeue test.)"""
-    common = [
-        "launcher.nproc_per_node=2",
-        "parallelism=fsdp",
-        "checkpoint=on",
-        "checkpoint.interval=2",
-        "checkpoint.keep_latest_k=0",
-        "training.seq_len=64",
-        "optimizer.warmup_steps=2",
-        "logger=none",
-        "training.steps=7",
-    ]
-    reference = tmp_path / "reference"
-    uninterrupted = {r["step"]: r["loss"] for r in assert_trained(run_cli(common, reference), reference, steps=7)}
-
+    reference_result, reference = fsdp_run  # never interrupted
+    uninterrupted = {r["step"]: r["loss"] for r in assert_trained(reference_result, reference, steps=7)}
     killed = tmp_path / "outputs" / "runs" / "killed"
     run = subprocess.Popen(
-        [sys.executable, "-m", "qwen3_trn", *common, f"hydra.run.dir={killed}"],
+        [sys.executable, "-m", "qwen3_trn", *FSDP, f"hydra.run.dir={killed}"],
         cwd=tmp_path,
         env=cli_env(),
         stdout=subprocess.DEVNULL,
@@ -102,7 +112,7 @@ def test_killed_fsdp_run_resumes_with_the_losses_of_an_uninterrupted_one(tmp_pat
     assert not (killed / "checkpoint" / "step-6" / ".metadata").exists(), "killed after the next checkpoint, not between two"
 
     resumed = tmp_path / "outputs" / "runs" / "resumed"
-    result = run_cli([*common, "checkpoint.resume_from=outputs/runs/killed"], resumed, cwd=tmp_path)
+    result = run_cli([*FSDP, "checkpoint.resume_from=outputs/runs/killed"], resumed, cwd=tmp_path)
     records = assert_trained(result, resumed, steps=3)
     assert {r["step"]: r["loss"] for r in records} == {step: uninterrupted[step] for step in (5, 6, 7)}
     assert f"resume_from: {killed}" in (resumed / "config.yaml").read_text(), "saved as the absolute path"
