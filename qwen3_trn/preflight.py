@@ -131,6 +131,7 @@ def resolve(
     ``check_launcher``: the launcher's own checks of the config and layout."""
     owned = problems is None
     problems = problems or Problems()
+    found_before = len(problems.found)
     backend = build_backend(cfg.backend)
     device = layout = arch = None
     with problems.check():
@@ -150,7 +151,8 @@ def resolve(
     if layout is not None and check_launcher is not None:
         with problems.check():
             check_launcher(cfg, layout)
-    problems.stop_if_any()  # what follows sizes the layout for this model on this device
+    if len(problems.found) > found_before:  # what follows sizes the layout for this model on this device
+        problems.stop_if_any()
     choice = None
     if cfg.parallelism.auto:  # the degrees that fit, written into the config every rank starts from
         layout, choice = fit.auto_layout(cfg, device, arch, to_trainer_config(cfg, device, layout), layout.nnodes, layout.nproc_per_node)

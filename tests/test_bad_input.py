@@ -347,6 +347,10 @@ ALL_AT_ONCE_CASES = {
         ["training.global_batch_size=3", "model.vocab_size=100"],
         ["training.global_batch_size: 3 is not a multiple", "model.vocab_size"],
     ),
+    "data-and-batch": (
+        ["data=files", "data.path=/nonexistent/corpus.jsonl", "training.global_batch_size=3"],
+        ["data.path", "training.global_batch_size: 3 is not a multiple"],
+    ),
 }
 
 
