@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli_env, read_metrics, read_summary, run_cli
+from tests.conftest import REPO, cli_env, in_process, read_metrics, read_summary, run_cli
 from tests.secret_values import SECRETS_IN_ENV, SECRETS_IN_LAUNCHER_ENV, files_with_secrets, process_cmdline, process_env, secret_args
 
 pytestmark = pytest.mark.slow
@@ -136,7 +136,7 @@ def test_kill_during_a_save_resumes_from_the_previous_complete_checkpoint(tmp_pa
     previous = first / "checkpoint" / f"step-{torn_step - 2}"
     assert (previous / ".metadata").is_file()
 
-    result = run_cli([*common, f"training.steps={torn_step}", f"checkpoint.resume_from={first}"], second)
+    result = in_process([*common, f"training.steps={torn_step}", f"checkpoint.resume_from={first}"], second)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"resuming from {previous}" in result.stdout
     assert f"skipped {torn}: no .metadata: its save did not finish" in result.stdout
@@ -173,7 +173,7 @@ def test_disk_full_during_a_save_says_so_and_keeps_the_previous_checkpoint(tmp_p
     assert summary["status"] == "failed" and message in summary["error"], summary
     assert (folder / "step-2" / ".metadata").is_file() and not (folder / "step-4").exists()
     # the previous checkpoint really loads: a run resumed from it continues at step 3
-    result = run_cli([*TINY, "training.steps=3", f"checkpoint.resume_from={folder / 'step-2'}"], resumed)
+    result = in_process([*TINY, "training.steps=3", f"checkpoint.resume_from={folder / 'step-2'}"], resumed)
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["step"] for r in read_metrics(resumed)] == [3]
 
