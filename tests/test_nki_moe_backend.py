@@ -8,7 +8,7 @@ from qwen3_trn.app import execute, to_run_config
 from qwen3_trn.errors import ConfigError, NotApplicable
 from qwen3_trn.kernels import KernelGroupedExperts
 from qwen3_trn.preflight import prepare
-from tests.conftest import FAST, assert_trained, compose_config, read_summary, run_cli
+from tests.conftest import FAST, assert_trained, compose_config, in_process, read_summary, run_cli
 
 
 def test_seed_reduced_moe_swaps_every_expert_module(tmp_path):
@@ -44,7 +44,7 @@ def test_dense_model_does_not_apply(tmp_path):
 
 @pytest.mark.slow
 def test_nki_moe_trains_on_cpu_with_portable_kernel(run_dir):
-    result = run_cli(["backend=nki_moe", "logger=none", *FAST], run_dir)
+    result = in_process(["backend=nki_moe", "logger=none", *FAST], run_dir)
     records = assert_trained(result, run_dir, steps=6)
     assert records[-1]["loss"] < records[0]["loss"] - 0.2, [r["loss"] for r in records]
     summary = read_summary(run_dir)

@@ -37,7 +37,9 @@ def _max_concurrency(intervals: list[dict]) -> int:
 
 def test_claims_are_disjoint_and_wait_when_full(tmp_path):
     log = tmp_path / "log.jsonl"
-    ctx = multiprocessing.get_context("spawn")
+    # forked: the claims need processes of their own, not a fresh interpreter each (importing
+    # qwen3_trn.launch again in each of four processes costs more than the test)
+    ctx = multiprocessing.get_context("fork")
     procs = [ctx.Process(target=_hold, args=(str(tmp_path / "locks"), 2, str(log), 1.0)) for _ in range(4)]
     started = time.time()
     for p in procs:

@@ -21,7 +21,7 @@ from qwen3_trn.errors import ConfigError
 from qwen3_trn.metrics import JsonlLogger
 from qwen3_trn.preflight import prepare
 from qwen3_trn.validation import RunValidator, validator_config
-from tests.conftest import REPO, assert_trained, compose_config, read_metrics, read_summary, run_cli, run_in_process
+from tests.conftest import REPO, assert_trained, compose_config, in_process, read_metrics, read_summary, run_in_process
 
 TRAIN = "loss_metrics/global_avg_loss"
 VAL = "validation_metrics/loss"
@@ -249,7 +249,7 @@ def test_val_loss_is_torchtitans_validator_loss(tmp_path):
     """Same seed and data: the project's val_loss equals what torchtitan's own Validator reports,
     and the recorded digest is that of the tokens torchtitan's loader yields."""
     run_dir = tmp_path / "run"
-    records = assert_trained(run_cli(RUN, run_dir), run_dir, steps=4)
+    records = assert_trained(in_process(RUN, run_dir), run_dir, steps=4)
     project = {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
     assert sorted(project) == [1, 2, 4]  # after step 1, every 2 steps, and the last step
 
@@ -281,7 +281,7 @@ def test_val_loss_is_torchtitans_validator_loss(tmp_path):
 @pytest.mark.slow
 def test_validation_off_trains_without_held_out_figures(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_cli(["validation=off", *RUN], run_dir)
+    result = in_process(["validation=off", *RUN], run_dir)
     records = assert_trained(result, run_dir, steps=4)
     assert not any("val_loss" in r for r in records) and "val_loss" not in result.stdout
     assert "val_loss" not in read_summary(run_dir) and "validation_tokens_sha256" not in read_summary(run_dir)
