@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import REPO, cli_env, compose_config, read_summary, run_in_process
 
 from qwen3_trn.data.embedded import corpus_path
+from tests.conftest import REPO, cli_env, compose_config, read_summary, run_in_process
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "launchers" / "slurm" / "README.md"]
 SHELL = {"bash", "sh", "shell"}
