@@ -9,6 +9,11 @@ project's own wandb run (``qwen3_trn.tracking``, in place of torchtitan's env-va
 Validation (``qwen3_trn.validation``) runs right after the training step it follows: its
 held-out figures (``val_loss``, ``val_perplexity``) join that step's line in metrics.jsonl and
 its wandb row, and get a line of their own in the console progress.
+
+In a trial of a search (``sweep.trial`` set, ``qwen3_trn.search``) each validation loss is also
+reported to the Optuna trial by the metrics rank, which asks the study's pruner whether to stop;
+every rank gets its answer at the same step and, when pruned, raises ``TrialPruned`` (the run's
+status ``pruned``) after the metrics rank has noted the step in summary.json.
 """
 
 from __future__ import annotations
@@ -29,8 +34,17 @@ from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsPr
 from qwen3_trn.backends import backend_named
 from qwen3_trn.hf.export import latest_hf_export
 from qwen3_trn.local_tensors import local_tensor
-from qwen3_trn.records import LAUNCH_TIME_ENV, METRICS_FILE, summarize, write_metrics_summary
+from qwen3_trn.records import (
+    CONFIG_FILE,
+    LAUNCH_TIME_ENV,
+    METRICS_FILE,
+    load_run_config,
+    summarize,
+    update_summary,
+    write_metrics_summary,
+)
 from qwen3_trn.tracking import start_wandb
+from qwen3_trn.trials import TrialPruned, TrialReporter
 from qwen3_trn.validation import VALIDATION_LOSS, is_validation_step, validation_record
 
 # torchtitan metric name -> name in metrics.jsonl
@@ -191,6 +205,16 @@ class WandbMetricsLogger(BaseLogger):
         self.run.close()
 
 
+def _trial_of(run_dir: Path) -> TrialReporter | None:
+    """The search trial this run is (``sweep.trial`` of its saved config), or None."""
+    if not (run_dir / CONFIG_FILE).is_file():
+        return None
+    trial = load_run_config(run_dir).sweep.trial
+    if trial.storage is None or trial.study is None or trial.number is None:
+        return None
+    return TrialReporter(trial.storage, trial.study, trial.number)
+
+
 class RunMetricsProcessor(MetricsProcessor):
     @dataclass(kw_only=True, slots=True)
     class Config(MetricsProcessor.Config):
@@ -213,7 +237,9 @@ class RunMetricsProcessor(MetricsProcessor):
         self._jsonl: JsonlLogger | None = None
         self._wandb = None
         self._validation_tokens: dict[str, Any] = {}
+        self._metrics_rank = 0
         super().__init__(config, **kwargs)
+        self._trial = _trial_of(Path(config.run_dir)) if config.run_dir else None
 
     def record_validation_tokens(self, sha256: str, tokens: int) -> None:
         """Called by ``RunValidator``: which tokens the held-out figures were computed on."""
@@ -223,13 +249,29 @@ class RunMetricsProcessor(MetricsProcessor):
         interval = self.config.validation_interval
         return interval > 0 and is_validation_step(step, interval, self.config.total_steps)
 
+    def log_validation(self, loss: float, step: int, extra_metrics: dict[str, Any] | None = None) -> None:
+        super().log_validation(loss, step, extra_metrics)
+        if self._trial is None:
+            return
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        decision = [self._trial.report(float(loss), step) if rank == self._metrics_rank else False]
+        if dist.is_initialized() and dist.get_world_size() > 1:  # every rank stops at the same step
+            dist.broadcast_object_list(decision, src=self._metrics_rank)
+        if not decision[0]:
+            return
+        message = f"pruned by the search at step {step} (validation loss {float(loss):.4f}, trial {self._trial.number})"
+        if rank == self._metrics_rank:
+            update_summary(Path(self.config.run_dir), pruned={"step": step, "val_loss": float(loss)})
+        raise TrialPruned(message)
+
     def _build_metric_logger(self, *, config: Config, parallel_dims, **kwargs: Any) -> BaseLogger:
         # enable_wandb selects the project's own wandb run below, not torchtitan's WandBLogger.
         use_wandb = config.enable_wandb
         titan_config = dataclasses.replace(config, enable_wandb=False) if use_wandb else config
         base = super()._build_metric_logger(config=titan_config, parallel_dims=parallel_dims, **kwargs)
         rank = dist.get_rank() if dist.is_initialized() else 0
-        if rank != _get_metrics_rank(parallel_dims=parallel_dims, pp_schedule=kwargs.get("pp_schedule", "1F1B")):
+        self._metrics_rank = _get_metrics_rank(parallel_dims=parallel_dims, pp_schedule=kwargs.get("pp_schedule", "1F1B"))
+        if rank != self._metrics_rank:
             return base
         container = base if isinstance(base, LoggerContainer) else LoggerContainer()
         data_parallel = parallel_dims.dp_replicate * parallel_dims.dp_shard

@@ -83,6 +83,8 @@ class RunStatus(str, Enum):
     planned = "planned"
     # a sweep job whose settings do not apply to its mode (errors.NotApplicable)
     skipped = "skipped"
+    # a trial of a search (hydra/sweeper=qwen3_trn_search) stopped early by its pruner
+    pruned = "pruned"
 
     def __str__(self) -> str:
         return self.value
@@ -92,7 +94,7 @@ class RunStatus(str, Enum):
         return self in ENDED_STATUSES
 
 
-ENDED_STATUSES = frozenset({RunStatus.completed, RunStatus.failed, RunStatus.interrupted, RunStatus.cancelled})
+ENDED_STATUSES = frozenset({RunStatus.completed, RunStatus.failed, RunStatus.interrupted, RunStatus.cancelled, RunStatus.pruned})
 IN_FLIGHT_STATUSES = frozenset({RunStatus.submitted, RunStatus.pending, RunStatus.running})
 
 

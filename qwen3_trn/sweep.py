@@ -53,6 +53,7 @@ from qwen3_trn.records import (
     read_summary,
     read_sweep_file,
     scrub_hydra_files,
+    update_summary,
     write_job_record,
     write_json_atomic,
     write_manifest_file,
@@ -63,8 +64,9 @@ from qwen3_trn.redact import redact_argv, redact_log_handlers, redact_overrides,
 from qwen3_trn.report import build_report
 from qwen3_trn.tracking import finish_dangling_run
 
-# Statuses of jobs that run elsewhere (launcher=slurm) or only planned (mode=plan).
-OTHER_STATUSES = ("cancelled", "interrupted", "submitted", "pending", "running", "planned")
+# Statuses of jobs that run elsewhere (launcher=slurm), only planned (mode=plan) or stopped
+# early by a search's pruner (qwen3_trn.search).
+OTHER_STATUSES = ("cancelled", "interrupted", "submitted", "pending", "running", "planned", "pruned")
 FINAL_KEYS = (
     "steps_logged",
     "first_loss",
@@ -164,16 +166,24 @@ def run_sweep_job(execute: Callable[[Any], dict | None], cfg_node: Any) -> dict[
             write_job_record(job_dir, record)
         raise
     except BaseException as exc:  # noqa: BLE001 - a sweep records every failure and goes on
-        record.update(status="failed", error=describe_error(exc), error_type=type(exc).__name__)
-        if isinstance(exc, ConfigError):
-            record["error_key"] = exc.key
-        record["traceback"] = traceback.format_exc()
+        if getattr(exc, "run_status", None) == RunStatus.pruned:  # a search's pruner stopped this trial
+            record.update(status="pruned", reason=str(exc))
+        else:
+            record.update(status="failed", error=describe_error(exc), error_type=type(exc).__name__)
+            if isinstance(exc, ConfigError):
+                record["error_key"] = exc.key
+            record["traceback"] = traceback.format_exc()
     finally:
-        finish_dangling_run(exit_code=0 if record["status"] == "completed" else 1)
+        finish_dangling_run(exit_code=0 if record["status"] in ("completed", "pruned") else 1)
         _destroy_process_group()
     record["ended"] = time.time()
     if summary is None and (job_dir / SUMMARY_FILE).is_file() and not foreign:
         summary = read_summary(job_dir)
+        if record["status"] == "failed" and summary.get("pruned"):  # ranks of a pruned trial in their own processes
+            record.update(status="pruned", reason=f"pruned by the search at step {summary['pruned'].get('step')}")
+            for key in ("error", "error_type", "error_key", "traceback"):
+                record.pop(key, None)
+            summary = update_summary(job_dir, status=RunStatus.pruned)
     if summary:
         record["final"] = _final_figures(summary)
         if summary.get("wandb_run_id"):
@@ -243,6 +253,8 @@ def _job_line(job: dict[str, Any]) -> str:
         return f"{head}: {', '.join(parts)}  ({job.get('run_dir')})"
     if status == "skipped":
         return f"{head}: {'invalid' if job.get('invalid') else 'does not apply'}: {job.get('reason')}"
+    if status == "pruned":
+        return f"{head}: {job.get('reason')}  ({job.get('run_dir')})"
     if status == "failed":
         return f"{head}: {job.get('error')}  (log: {job.get('log') or job.get('run_dir')})"
     if status == "planned" and job.get("plan"):

@@ -263,7 +263,7 @@ class CheckedSweeper(BasicSweeper):
         print(f"[sweep] #{job.num} resumes from its checkpoint in {moved}", flush=True)
         return [f"checkpoint.resume_from={moved}"]
 
-    def _record_skipped(self, job: JobCheck, sweep_dir: Path) -> None:
+    def _record_skipped(self, job: JobCheck, sweep_dir: Path, why: str = "sweep.skip_invalid=true") -> None:
         job_dir = Path(job.prepared.cfg.output_dir) if job.prepared else sweep_dir / str(job.num)
         record = {
             "num": job.num,
@@ -272,7 +272,7 @@ class CheckedSweeper(BasicSweeper):
             "run_dir": str(job_dir),
             "status": "skipped",
             "invalid": True,
-            "reason": f"{job.problem} (sweep.skip_invalid=true)",
+            "reason": f"{job.problem} ({why})",
             "error_key": job.problem.key,
         }
         write_job_record(job_dir, record)

@@ -448,12 +448,24 @@ class FitConfig:
 
 
 @dataclass
+class TrialConfig:
+    """The Optuna trial a job of a search runs (``qwen3_trn.search``); set by the search sweeper
+    for each trial, null outside a search. Its validation losses are reported to the trial,
+    whose pruner may stop the run (status ``pruned``)."""
+
+    storage: Optional[str] = None  # the study's storage URL (sqlite:///<sweep dir>/optuna.db)
+    study: Optional[str] = None
+    number: Optional[int] = None
+
+
+@dataclass
 class SweepConfig:
     """How a multirun treats its jobs (``qwen3_trn.sweeper``)."""
 
     # false: one invalid job stops the sweep before any job starts; true: the valid jobs run and
     # the invalid ones are recorded as skipped.
     skip_invalid: bool = False
+    trial: TrialConfig = field(default_factory=TrialConfig)
 
 
 @dataclass

@@ -8,7 +8,7 @@ stores each under ``schema/<group>/<option>``; the option's YAML names it in its
 
 import typing
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -17,6 +17,7 @@ from qwen3_trn.config.schema import OPTION_SCHEMAS, RunConfig
 
 SCHEMA_NAME = "run_schema"
 SWEEPER_NAME = "qwen3_trn"
+SEARCH_SWEEPER_NAME = "qwen3_trn_search"
 
 
 @dataclass
@@ -27,6 +28,25 @@ class CheckedSweeperConf:
     _target_: str = "hydra_plugins.qwen3_trn_sweeper.Qwen3TrnSweeper"
     max_batch_size: Optional[int] = None
     params: Optional[dict[str, str]] = field(default_factory=dict)
+
+
+@dataclass
+class SearchSweeperConf:
+    """``hydra/sweeper=qwen3_trn_search`` (chosen by ``hparams_search=<name>``): an Optuna study
+    of ``n_trials`` trials over ``params`` (Hydra's sweep grammar), minimising the final
+    validation loss, with the sampler and pruner named here (``qwen3_trn.search``)."""
+
+    _target_: str = "hydra_plugins.qwen3_trn_search.Qwen3TrnSearchSweeper"
+    n_trials: int = 10
+    direction: str = "minimize"
+    study_name: Optional[str] = None  # null: "search"
+    storage: Optional[str] = None  # null: sqlite:///<sweep dir>/optuna.db
+    # {name: tpe|random|cmaes|qmc, ...the sampler's arguments}
+    sampler: dict[str, Any] = field(default_factory=lambda: {"name": "tpe"})
+    # {name: median|percentile|successive_halving|hyperband|none, ...the pruner's arguments}
+    pruner: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
+    params: Optional[dict[str, str]] = field(default_factory=dict)
+    max_batch_size: Optional[int] = None
 
 
 def run_schema() -> DictConfig:
@@ -43,6 +63,7 @@ def register_schema() -> None:
     store = ConfigStore.instance()
     store.store(name=SCHEMA_NAME, node=run_schema())
     store.store(group="hydra/sweeper", name=SWEEPER_NAME, node=CheckedSweeperConf, provider="qwen3_trn")
+    store.store(group="hydra/sweeper", name=SEARCH_SWEEPER_NAME, node=SearchSweeperConf, provider="qwen3_trn")
     for group, (_, options) in OPTION_SCHEMAS.items():
         for option, schema in options.items():
             store.store(group=f"schema/{group}", name=option, node=schema)

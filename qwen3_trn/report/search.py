@@ -1,0 +1,189 @@
+"""The report of a hyperparameter search (``qwen3_trn.search``), from its Optuna study and its
+trials' run directories: ``search.html`` and ``search.md`` in the sweep directory, and
+``best.yaml`` (the best trial's value, parameters, overrides and composed config).
+
+* validation loss per trial over steps (each trial's ``metrics.jsonl``): a line per trial, the
+  pruned ones dashed and ending in a cross at the step they were stopped, the best one thick;
+  inline SVG, each line an element with id ``search-loss-trial-<n>`` (``-pruned`` added for a
+  pruned trial);
+* one row per trial: its state (complete, pruned, failed: invalid or failed run, running), value,
+  parameters and run directory;
+* parameter importances (``optuna.importance.get_param_importances``) once enough trials have
+  completed; the page says why not otherwise.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any, Callable
+
+import optuna
+import yaml
+from optuna.trial import TrialState
+
+from qwen3_trn.records import CONFIG_FILE, read_metrics, write_text_atomic
+from qwen3_trn.report.figures import _pyplot, _svg
+
+BEST_FILE = "best.yaml"
+SEARCH_HTML = "search.html"
+SEARCH_MD = "search.md"
+FIGURE_ID = "search-loss"
+
+
+def _trial_state(trial: optuna.trial.FrozenTrial) -> str:
+    if trial.state == TrialState.FAIL and trial.user_attrs.get("invalid"):
+        return "failed (invalid, not started)"
+    return trial.state.name.lower()
+
+
+def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    try:
+        return study.best_trial
+    except ValueError:  # no completed trial
+        return None
+
+
+def importances(study: optuna.Study) -> tuple[dict[str, float], str]:
+    """Optuna's parameter importances, or why there are none."""
+    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    if len(complete) < 2:
+        return {}, f"parameter importances need at least 2 completed trials; this search has {len(complete)}."
+    try:
+        return dict(optuna.importance.get_param_importances(study)), ""
+    except (ValueError, RuntimeError) as exc:
+        return {}, f"Optuna computed no parameter importances: {exc}"
+
+
+def plot_trials(study: optuna.Study, run_dirs: dict[int, Path]) -> str | None:
+    """Validation loss over steps per trial (inline SVG), or None when no trial validated."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    best = best_trial(study)
+    drawn = 0
+    for trial in study.get_trials(deepcopy=False):
+        run_dir = run_dirs.get(trial.number)
+        points = [(r["step"], r["val_loss"]) for r in read_metrics(run_dir) if "val_loss" in r] if run_dir else []
+        if not points:
+            continue
+        steps, losses = zip(*points)
+        pruned = trial.state == TrialState.PRUNED
+        is_best = best is not None and trial.number == best.number
+        label = f"trial {trial.number}" + (" (pruned)" if pruned else " (best)" if is_best else "")
+        (line,) = ax.plot(
+            steps, losses, linestyle="--" if pruned else "-", linewidth=2.5 if is_best else 1.2, marker="o", markersize=3, label=label
+        )
+        line.set_gid(f"{FIGURE_ID}-trial-{trial.number}" + ("-pruned" if pruned else ""))
+        if pruned:
+            ax.plot([steps[-1]], [losses[-1]], marker="x", markersize=10, color=line.get_color(), linestyle="none")
+        drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation loss")
+    ax.set_title(f"study {study.study_name}: validation loss per trial (dashed, x: pruned)")
+    ax.legend(fontsize=7, ncol=2)
+    return _svg(fig, FIGURE_ID)
+
+
+def write_best(
+    study: optuna.Study, sweep_dir: Path, jobs: dict[int, dict[str, Any]], command_of: Callable[[list[str]], str]
+) -> dict[str, Any] | None:
+    """``best.yaml``: the best trial's value, parameters, overrides, run directory, a command
+    that runs its config alone, and its composed config."""
+    best = best_trial(study)
+    if best is None:
+        return None
+    job = jobs.get(best.number, {})
+    overrides = [o for o in job.get("overrides", []) if not o.startswith("sweep.trial.")]
+    record: dict[str, Any] = {
+        "study": study.study_name,
+        "direction": study.direction.name.lower(),
+        "trial": best.number,
+        "value": best.value,
+        "params": dict(best.params),
+        "overrides": overrides,
+        "run_dir": job.get("run_dir"),
+        "command": command_of(overrides),
+    }
+    config_file = Path(job["run_dir"]) / CONFIG_FILE if job.get("run_dir") else None
+    if config_file is not None and config_file.is_file():
+        record["config"] = yaml.safe_load(config_file.read_text())
+    write_text_atomic(sweep_dir / BEST_FILE, yaml.safe_dump(record, sort_keys=False))
+    return record
+
+
+def _rows(study: optuna.Study, jobs: dict[int, dict[str, Any]]) -> list[list[str]]:
+    keys = sorted({k for t in study.trials for k in t.params})
+    rows = [["trial", "state", "value", *keys, "run dir"]]
+    for trial in study.trials:
+        value = "" if trial.value is None else f"{trial.value:.4f}"
+        if trial.state == TrialState.PRUNED and trial.intermediate_values:
+            step = max(trial.intermediate_values)
+            value = f"{trial.intermediate_values[step]:.4f} at step {step}"
+        params = [str(trial.params.get(k, "")) for k in keys]
+        rows.append([str(trial.number), _trial_state(trial), value, *params, str(jobs.get(trial.number, {}).get("run_dir", ""))])
+    return rows
+
+
+def write_search_report(
+    study: optuna.Study, sweep_dir: Path, jobs: dict[int, dict[str, Any]], command_of: Callable[[list[str]], str]
+) -> dict[str, Any]:
+    """search.html, search.md and best.yaml in the sweep directory; what was written.
+    ``command_of``: the command that runs a trial's overrides alone."""
+    run_dirs = {num: Path(job["run_dir"]) for num, job in jobs.items() if job.get("run_dir")}
+    best = write_best(study, sweep_dir, jobs, command_of)
+    weights, why_not = importances(study)
+    figure = plot_trials(study, run_dirs)
+    rows = _rows(study, jobs)
+    storage_hint = f"optuna-dashboard sqlite:///{sweep_dir / 'optuna.db'}"
+
+    md = [f"# Search {study.study_name}", "", f"Sweep directory: `{sweep_dir}`", ""]
+    if best:
+        md += [f"Best: trial {best['trial']}, {best['direction']} value {best['value']:.6g}", "", "```", *best["overrides"], "```", ""]
+    else:
+        md += ["No trial has completed yet.", ""]
+    md += ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    md += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    md += ["", "## Parameter importances", ""]
+    md += [f"- `{k}`: {v:.3f}" for k, v in weights.items()] or [why_not]
+    md += ["", f"Open the study in optuna-dashboard: `{storage_hint}`", ""]
+    write_text_atomic(sweep_dir / SEARCH_MD, "\n".join(md))
+
+    def table(data: list[list[str]]) -> str:
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in data[0])
+        body = "".join(
+            f'<tr id="trial-{html.escape(r[0])}" class="{html.escape(r[1].split()[0])}">'
+            + "".join(f"<td>{html.escape(c)}</td>" for c in r)
+            + "</tr>"
+            for r in data[1:]
+        )
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    best_html = (
+        f'<section id="best"><h2>Best trial: {best["trial"]} (value {best["value"]:.6g})</h2>'
+        f"<pre>{html.escape(chr(10).join(best['overrides']))}</pre>"
+        f"<p>Its config: <code>{html.escape(str(sweep_dir / BEST_FILE))}</code>; run it alone: <code>{html.escape(best['command'])}</code></p></section>"
+        if best
+        else '<section id="best"><h2>No trial has completed yet</h2></section>'
+    )
+    importance_html = (
+        "<ul>" + "".join(f"<li><code>{html.escape(k)}</code>: {v:.3f}</li>" for k, v in weights.items()) + "</ul>"
+        if weights
+        else f"<p>{html.escape(why_not)}</p>"
+    )
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>Search {html.escape(study.study_name)}</title>"
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}"
+        "tr.pruned{color:#a60}tr.failed{color:#b00}</style></head><body>"
+        f"<h1>Search {html.escape(study.study_name)}</h1><p>Sweep directory: <code>{html.escape(str(sweep_dir))}</code></p>"
+        f"{best_html}<h2>Validation loss per trial</h2>{figure or '<p>No trial has validated yet.</p>'}"
+        f"<h2>Trials</h2>{table(rows)}<h2 id='importances'>Parameter importances</h2>{importance_html}"
+        f"<p>Open the study in optuna-dashboard: <code>{html.escape(storage_hint)}</code></p></body></html>"
+    )
+    write_text_atomic(sweep_dir / SEARCH_HTML, page)
+    return {"html": str(sweep_dir / SEARCH_HTML), "markdown": str(sweep_dir / SEARCH_MD), "best": best, "importances": weights}
+
+
+__all__ = ["BEST_FILE", "SEARCH_HTML", "SEARCH_MD", "best_trial", "importances", "write_best", "write_search_report"]
