@@ -14,7 +14,7 @@ validation loss (``val_loss`` of the run's summary; ``direction: maximize`` is a
   (its job.json says skipped, invalid). A valid one runs; its outcome is told: its final
   validation loss, *pruned*, or *failed*.
 - **Pruning.** ``hydra.sweeper.pruner`` (``{name: median|percentile|successive_halving|
-  hyperband|none, ...Optuna's arguments}``) is stored with the study; each trial's metrics
+  hyperband|threshold|none, ...Optuna's arguments}``) is stored with the study; each trial's metrics
   rank reports every validation loss to its trial and stops the run when the pruner says so
   (``qwen3_trn.trials``): status ``pruned`` in its summary, job.json and the manifest.
 - **Storage and resume.** The study lives in ``<sweep dir>/optuna.db`` (SQLite; or

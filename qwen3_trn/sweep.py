@@ -53,7 +53,6 @@ from qwen3_trn.records import (
     read_summary,
     read_sweep_file,
     scrub_hydra_files,
-    update_summary,
     write_job_record,
     write_json_atomic,
     write_manifest_file,
@@ -180,10 +179,7 @@ def run_sweep_job(execute: Callable[[Any], dict | None], cfg_node: Any) -> dict[
     if summary is None and (job_dir / SUMMARY_FILE).is_file() and not foreign:
         summary = read_summary(job_dir)
         if record["status"] == "failed" and summary.get("pruned"):  # ranks of a pruned trial in their own processes
-            record.update(status="pruned", reason=f"pruned by the search at step {summary['pruned'].get('step')}")
-            for key in ("error", "error_type", "error_key", "traceback"):
-                record.pop(key, None)
-            summary = update_summary(job_dir, status=RunStatus.pruned)
+            summary = _pruned_elsewhere(job_dir, summary, record)
     if summary:
         record["final"] = _final_figures(summary)
         if summary.get("wandb_run_id"):
@@ -222,6 +218,22 @@ def run_sweep_job(execute: Callable[[Any], dict | None], cfg_node: Any) -> dict[
         except OSError:
             pass
     return record
+
+
+def _pruned_elsewhere(job_dir: Path, summary: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    """A trial whose ranks ran in their own processes and were pruned there: their launcher saw
+    them exit with ``TrialPruned`` (a failure to it); the run and its job are pruned, no error."""
+    pruned = summary["pruned"]
+    record.update(
+        status="pruned", reason=f"pruned by the search at step {pruned.get('step')} (validation loss {pruned.get('val_loss'):.4f})"
+    )
+    for key in ("error", "error_type", "error_key", "traceback"):
+        record.pop(key, None)
+    summary = {k: v for k, v in summary.items() if k not in ("error", "error_log")}
+    summary["status"] = str(RunStatus.pruned)
+    write_json_atomic(job_dir / SUMMARY_FILE, summary)
+    (job_dir / ERROR_LOG).unlink(missing_ok=True)
+    return summary
 
 
 def _destroy_process_group() -> None:

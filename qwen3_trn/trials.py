@@ -23,6 +23,7 @@ PRUNERS = {
     "percentile": optuna.pruners.PercentilePruner,
     "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
     "hyperband": optuna.pruners.HyperbandPruner,
+    "threshold": optuna.pruners.ThresholdPruner,
     "none": optuna.pruners.NopPruner,
 }
 # hydra.sweeper.sampler.name -> Optuna's sampler class; the other keys are its arguments.

@@ -186,3 +186,31 @@ def test_the_study_opens_in_optuna_dashboard(search, tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_a_two_rank_trial_is_pruned_on_every_rank(tmp_path):
+    """Ranks in their own processes (FSDP over two CPU ranks): the metrics rank's decision
+    reaches the other rank at the same validation, both stop, and the run is pruned, not failed."""
+    sweep_dir = tmp_path / "sweep"
+    result = run_search(
+        sweep_dir,
+        1,
+        "parallelism=fsdp",
+        "device=cpu",
+        "launcher.nproc_per_node=2",
+        # any validation loss above 1.0 is pruned once the pruner's warm-up (2 steps) is over
+        "hydra.sweeper.pruner.name=threshold",
+        "+hydra.sweeper.pruner.upper=1.0",
+        "~hydra.sweeper.pruner.n_startup_trials",
+    )
+    assert result.returncode == 0, _explain(result)
+    assert [t.state for t in load_study(sweep_dir).trials] == [TrialState.PRUNED]
+    job = jobs_by_num(sweep_dir)[0]
+    run_dir = Path(job["run_dir"])
+    summary = read_summary(run_dir)
+    assert job["status"] == summary["status"] == "pruned" and summary["world_size"] == 2
+    assert "error" not in job and "error" not in summary and not (run_dir / "error.log").exists()
+    assert summary["pruned"]["step"] == 2 and [r["step"] for r in read_metrics(run_dir)] == [1, 2]
+    for rank in (0, 1):  # each rank validated at step 2 and trained no further
+        log = (run_dir / "logs" / f"rank{rank}.log").read_text()
+        assert "validate step:  2" in log and "step:  3" not in log

@@ -43,7 +43,7 @@ class SearchSweeperConf:
     storage: Optional[str] = None  # null: sqlite:///<sweep dir>/optuna.db
     # {name: tpe|random|cmaes|qmc, ...the sampler's arguments}
     sampler: dict[str, Any] = field(default_factory=lambda: {"name": "tpe"})
-    # {name: median|percentile|successive_halving|hyperband|none, ...the pruner's arguments}
+    # {name: median|percentile|successive_halving|hyperband|threshold|none, ...the pruner's arguments}
     pruner: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     params: Optional[dict[str, str]] = field(default_factory=dict)
     max_batch_size: Optional[int] = None
