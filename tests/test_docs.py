@@ -17,12 +17,13 @@ whose other lines show the command's output. An HTML comment on the line right b
   ``my_corpus/`` (a folder of JSON lines with a ``body`` column).
 
 Every other command runs and must exit 0: ``python -m qwen3_trn ARGS`` in this process
-(``run_in_process``; a ``-m`` sweep as a real process), ``python -m qwen3_trn.<module> ARGS``
-through the module's ``main(ARGS)``, and ``pip install -e SPEC && REST`` as REST, once this checkout is seen to be
-the installed package. A command of any other form, or with an unfilled ``<placeholder>``, fails
-the test: mark it. Where a block shows output, every output line's text up to its first digit
-(its label, when it has one) must start a line of the real output, so the labels, headings and
-messages cannot drift while measured numbers may.
+(``in_process``, through the session's ``shared_run``; a ``-m`` sweep as a real process),
+``python -m qwen3_trn.<module> ARGS`` through the module's ``main(ARGS)``, and
+``pip install -e SPEC && REST`` as REST, once this checkout is seen to be the installed package.
+A command of any other form, or with an unfilled ``<placeholder>``, fails the test: mark it.
+Where a block shows output, every output line's text up to its first digit (its label, when it
+has one) must start a line of the real output, so the labels, headings and messages cannot
+drift while measured numbers may.
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from qwen3_trn.data.embedded import corpus_path
-from tests.conftest import REPO, cli_env, compose_config, read_summary, run_in_process
+from tests.conftest import REPO, SharedRun, cli_env, compose_config
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "launchers" / "slurm" / "README.md"]
 SHELL = {"bash", "sh", "shell"}
@@ -139,8 +141,9 @@ class Runner:
     """Runs each distinct command once (README and docs repeat some), in a directory of its own,
     and makes what the placeholders stand for by running the commands that make it."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, shared_run: Callable[..., SharedRun]):
         self.root = root
+        self.shared_run = shared_run  # the session's runs, shared with other tests
         self.results: dict[str, Result] = {}
 
     def fill(self, text: str) -> str:
@@ -192,9 +195,8 @@ class Runner:
             return Result(done.returncode, done.stdout + done.stderr, where)
         if argv[:3] == ["python", "-m", "qwen3_trn"]:
             with contextlib.chdir(self.root):  # relative paths in a command resolve here
-                code, err = run_in_process(argv[3:], where)
-            plan = where / "plan.txt"
-            return Result(code, err + (plan.read_text() if plan.is_file() else ""), where)
+                run = self.shared_run(argv[3:])
+            return Result(run.result.returncode, run.result.stdout + run.result.stderr, run.run_dir)
         if argv[:2] == ["python", "-m"] and argv[2].startswith("qwen3_trn."):
             return _run_module(argv[2], argv[3:], self.root)
         pytest.fail(f"no way to run {text!r} here: mark its block <!-- not-run: REASON --> or make it runnable")
@@ -275,8 +277,8 @@ def check_without_running(text: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def runner(tmp_path_factory: pytest.TempPathFactory) -> Runner:
-    return Runner(tmp_path_factory.mktemp("docs"))
+def runner(tmp_path_factory: pytest.TempPathFactory, shared_run: Callable[..., SharedRun]) -> Runner:
+    return Runner(tmp_path_factory.mktemp("docs"), shared_run)
 
 
 def test_commands_are_found_and_markers_known():
@@ -314,16 +316,11 @@ def test_doc_command(command: Command, runner: Runner):
 
 def test_readme_summary_table_has_the_rows_the_default_run_prints(runner: Runner):
     """The README's sample summary shows the rows ``python -m qwen3_trn`` prints."""
-    from qwen3_trn.app import _print_summary
-
-    summary = read_summary(runner.made("python -m qwen3_trn").run_dir)
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        _print_summary(summary)
+    printed = runner.made("python -m qwen3_trn").output
     readme = (REPO / "README.md").read_text()
     shown = re.search(r"\n```\n(┌.*?┘)\n```", readme, re.S).group(1)
 
     def rows(table: str) -> list[str]:
         return [line.split("│")[1].strip() for line in table.splitlines() if line.startswith("│")]
 
-    assert rows(shown) == rows(printed.getvalue())
+    assert rows(shown) == rows(printed)
