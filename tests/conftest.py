@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import json
 import logging
@@ -69,12 +70,16 @@ def run_cli(
 
 @contextlib.contextmanager
 def _process_state_kept() -> Iterator[None]:
-    """What a run changes in its process, put back afterwards: the environment (the launch time,
-    the launcher's variables), ``sys.argv`` (redacted) and the root logger (a run points it at
-    its own rank log)."""
-    env, argv = dict(os.environ), list(sys.argv)
+    """A command runs outside any Hydra run, and what it changes in its process is put back
+    afterwards: the environment (the launch time, the launcher's variables), ``sys.argv``
+    (redacted), the root logger (a run points it at its own rank log) and Hydra's record of the
+    run it is in (``HydraConfig``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    env, argv, hydra_run = dict(os.environ), list(sys.argv), HydraConfig.instance().cfg
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
+    HydraConfig.instance().cfg = None
     try:
         yield
     finally:
@@ -84,9 +89,20 @@ def _process_state_kept() -> Iterator[None]:
         root.handlers[:] = handlers
         root.setLevel(level)
         logging.captureWarnings(False)
+        HydraConfig.instance().cfg = hydra_run
         sys.argv[:] = argv
         os.environ.clear()
         os.environ.update(env)
+
+
+@pytest.fixture(autouse=True)
+def _outside_any_hydra_run() -> None:
+    """Each test starts outside a Hydra run: Hydra's entry point called in this process (by
+    ``command_in_process`` or tests/test_entry_point.py) leaves its ``HydraConfig`` set, which
+    the app would read as the run or sweep it is in."""
+    from hydra.core.hydra_config import HydraConfig
+
+    HydraConfig.instance().cfg = None
 
 
 def in_process(args: list[str], run_dir: Path, config_dir: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -110,6 +126,29 @@ def in_process(args: list[str], run_dir: Path, config_dir: Path | None = None, e
                 run(cfg)
         except SystemExit as exc:
             code = exc.code
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+def command_in_process(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m qwen3_trn ARGS`` through its real entry point (``qwen3_trn.__main__.main``:
+    Hydra's argument handling, ``-m`` sweeps with their jobs one after another) in this process,
+    with the system allocator chosen (importing the entry point otherwise restarts the process
+    under tcmalloc); ``env`` is added to the environment. Returns what ``run_cli`` returns."""
+    from qwen3_trn.allocator import HOST_ALLOCATOR_ENV
+    from qwen3_trn.records import TRACEBACK_ENV
+
+    out, err = io.StringIO(), io.StringIO()
+    with _process_state_kept(), contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        os.environ.update({**(env or {}), HOST_ALLOCATOR_ENV: "system"})
+        for name in ("HYDRA_FULL_ERROR", TRACEBACK_ENV):
+            os.environ.pop(name, None)
+        entry = importlib.import_module("qwen3_trn.__main__")
+        sys.argv[:] = ["qwen3_trn", *args]
+        try:
+            entry.main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 

@@ -15,14 +15,25 @@ from pathlib import Path
 import pytest
 
 from qwen3_trn.backends import BACKENDS
-from tests.conftest import chromium, needs_chromium, offline_wandb_files, read_metrics, read_offline_wandb_run, run_cli
+from tests.conftest import (
+    chromium,
+    command_in_process,
+    needs_chromium,
+    offline_wandb_files,
+    read_metrics,
+    read_offline_wandb_run,
+    run_cli,
+)
 
 # Tiny and short: each trained job is a few seconds after the first one's imports.
 TINY = ["training.steps=3", "training.seq_len=64", "optimizer.warmup_steps=1"]
 
 
-def run_sweep(args: list[str], sweep_dir: Path, timeout: float = 900) -> subprocess.CompletedProcess:
-    return run_cli([*args, f"hydra.sweep.dir={sweep_dir}"], timeout=timeout)
+def run_sweep(args: list[str], sweep_dir: Path, cli: bool = False) -> subprocess.CompletedProcess:
+    """The sweep through the command's entry point in this process, or with ``cli`` as a real
+    ``python -m qwen3_trn`` process (the moe_grid sweep: one real sweep process)."""
+    args = [*args, f"hydra.sweep.dir={sweep_dir}"]
+    return run_cli(args, timeout=900) if cli else command_in_process(args)
 
 
 def manifest_of(sweep_dir: Path) -> dict:
@@ -80,7 +91,7 @@ def assert_tracked_jobs(manifest: dict, mode_of: dict[int, str] | None = None) -
 def moe_grid(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     sweep_dir = tmp_path_factory.mktemp("moe_grid") / "grid"
     # experiment=moe_grid sweeps top_k x n_layers; the command line narrows both lists (2 x 2 jobs).
-    result = run_sweep(["experiment=moe_grid", "model.top_k=1,2", "model.n_layers=1,2", *TINY], sweep_dir)
+    result = run_sweep(["experiment=moe_grid", "model.top_k=1,2", "model.n_layers=1,2", *TINY], sweep_dir, cli=True)
     assert result.returncode == 0, _explain(result)
     return sweep_dir, result
 
@@ -266,7 +277,7 @@ def test_three_modes_side_by_side(tmp_path):
 
 def test_sweep_over_a_missing_option_stops_before_any_job(tmp_path):
     sweep_dir = tmp_path / "bad"
-    result = run_sweep(["-m", "backend=native,no_such_mode", *TINY], sweep_dir, timeout=120)
+    result = run_sweep(["-m", "backend=native,no_such_mode", *TINY], sweep_dir)
     assert result.returncode == 2
     assert "backend=no_such_mode: no such option in group 'backend'" in result.stderr and "native" in result.stderr
     assert not (sweep_dir / "0").exists()
