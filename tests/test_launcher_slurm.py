@@ -23,7 +23,7 @@ import pytest
 
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.records import read_json
-from tests.conftest import REPO, compose_config, read_metrics, read_summary, run_cli
+from tests.conftest import REPO, command_in_process, compose_config, read_metrics, read_summary, run_cli
 from tests.secret_values import SECRETS_IN_ENV, SECRETS_IN_LAUNCHER_ENV, files_with_secrets, process_cmdline, process_env, secret_args
 from tests.slurm_cluster import SlurmCluster, slurm_cluster, slurm_env, wait_for_state  # noqa: F401
 
@@ -126,7 +126,7 @@ def test_nodes_times_ranks_must_match_the_parallel_degrees(tmp_path: Path):
 @needs_submitit
 def test_plan_of_a_sweep_shows_each_job_and_its_submission(tmp_path: Path):
     sweep = tmp_path / "sweep"
-    result = run_cli(
+    result = command_in_process(
         [
             "-m",
             "mode=plan",
@@ -139,8 +139,7 @@ def test_plan_of_a_sweep_shows_each_job_and_its_submission(tmp_path: Path):
             "+launcher.env.QWEN3_TRN_MARK=planned",
             "training.seed=1,2",
             f"hydra.sweep.dir={sweep}",
-        ],
-        timeout=300,
+        ]
     )
     assert result.returncode == 0, result.stderr[-3000:]
     manifest = json.loads((sweep / "manifest.json").read_text())
@@ -377,7 +376,7 @@ def test_secrets_reach_the_job_through_its_environment_not_a_file(slurm_cluster:
     run directory (config, sbatch script, Slurm logs, wandb run) holds them."""
     run_dir = tmp_path / "run"
     result = run_cli(
-        [*SLURM, "model=tiny", "logger=wandb", "training.seq_len=64", "optimizer.warmup_steps=1", "training.steps=40", *secret_args()],
+        [*SLURM, "model=tiny", "logger=wandb", "training.seq_len=64", "optimizer.warmup_steps=1", "training.steps=3", *secret_args()],
         run_dir,
         timeout=300,
         env={**slurm_cluster.env, **SECRETS_IN_ENV},

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli_env, in_process, read_metrics, read_summary, run_cli
+from tests.conftest import REPO, cli_env, command_in_process, in_process, read_metrics, read_summary, run_cli
 from tests.secret_values import SECRETS_IN_ENV, SECRETS_IN_LAUNCHER_ENV, files_with_secrets, process_cmdline, process_env, secret_args
 
 pytestmark = pytest.mark.slow
@@ -210,7 +210,7 @@ def test_no_secret_is_written_but_the_ranks_see_them(tmp_path):
 
     # a sweep (planned): sweep.json, multirun.yaml, manifest and the plans of its jobs
     sweep = tmp_path / "sweep"
-    result = run_cli(["-m", "mode=plan", "training.seed=1,2", *secret_args(), f"hydra.sweep.dir={sweep}"], env=SECRETS_IN_ENV, timeout=600)
+    result = command_in_process(["-m", "mode=plan", "training.seed=1,2", *secret_args(), f"hydra.sweep.dir={sweep}"], env=SECRETS_IN_ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (sweep / "multirun.yaml").is_file() and (sweep / "plan.txt").read_text().count("=== job #") == 2
     assert files_with_secrets(sweep) == []

@@ -12,7 +12,7 @@ import pytest
 
 from qwen3_trn.app import to_run_config
 from qwen3_trn.tracking import plan_tracking
-from tests.conftest import compose_config, offline_wandb_files, read_metrics, run_cli
+from tests.conftest import command_in_process, compose_config, offline_wandb_files, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -109,7 +109,7 @@ def test_other_loggers_and_no_wandb(tmp_path):
         "optimizer.warmup_steps=1",
         f"hydra.sweep.dir={sweep_dir}",
     ]
-    result = run_cli(args, timeout=900)
+    result = command_in_process(args)
     assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
     manifest = json.loads((sweep_dir / "manifest.json").read_text())
     assert manifest["counts"]["completed"] == 2
