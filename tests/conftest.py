@@ -206,10 +206,8 @@ def shared_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Shared
 
 def hf_export_run(shared_run: Callable[..., SharedRun], mode: list[str]) -> SharedRun:
     """The session's tiny run of ``mode`` exporting Hugging Face weights, with DCP checkpoints as
-    well (the export check loads the same step into torchtitan). backend=hf_v5 trains as its own
-    process: building its model patches transformers for the rest of a process."""
-    args = [*mode, "checkpoint=hf_export", "checkpoint.enable=true", *HF_EXPORT_TRAINING]
-    return shared_run(args, cli="backend=hf_v5" in mode, env=OFFLINE)
+    well (the export check loads the same step into torchtitan), trained in this process."""
+    return shared_run([*mode, "checkpoint=hf_export", "checkpoint.enable=true", *HF_EXPORT_TRAINING], env=OFFLINE)
 
 
 # --------------------------------------------------------------------------------------------

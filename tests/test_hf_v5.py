@@ -24,6 +24,7 @@ from tests.conftest import (
     assert_trained,
     compose_config,
     hf_export_run,
+    in_process,
     read_summary,
     run_cli,
 )
@@ -170,7 +171,7 @@ def test_loss_parity_with_native(dense_run, shared_run):
 @pytest.mark.slow
 def test_moe_hf_v5_trains_and_exports_standard_qwen3_moe(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_cli(
+    result = in_process(
         [
             "backend=hf_v5",
             "model=tiny_moe",
