@@ -12,27 +12,31 @@ import pytest
 from qwen3_trn.allocator import HOST_ALLOCATOR_ENV, tcmalloc_library
 from tests.conftest import REPO, cli_env, run_in_process
 
-# Optionally restarts under tcmalloc (as `python -m qwen3_trn` does first), then allocates and frees a 256 MiB tensor six times, as steps of a training loop do, and prints
+# Optionally restarts under tcmalloc (as `python -m qwen3_trn` does first), then (with "allocate")
+# allocates and frees a 256 MiB tensor six times, as steps of a training loop do, and prints
 # whether tcmalloc is loaded, how many times the script started, and the page faults of the last
-# allocation (the steady state: the first one or two may still grow the heap).
+# allocation (the steady state: the first one or two may still grow the heap; 0 without "allocate").
 _FAULTS_OF_STEADY_ALLOCATION = """
 import os, resource, sys
 from qwen3_trn.allocator import exec_with_tcmalloc, uses_tcmalloc
 os.environ["STARTS"] = os.environ.get("STARTS", "") + "x"
 if sys.argv[1] == "restart":
     exec_with_tcmalloc()
-import torch
-for _ in range(6):
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    buffer = torch.ones(64 * 2**20)
-    del buffer
-print(uses_tcmalloc(), len(os.environ["STARTS"]), resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+faults = 0
+if sys.argv[2] == "allocate":
+    import torch
+    for _ in range(6):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        buffer = torch.ones(64 * 2**20)
+        del buffer
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(uses_tcmalloc(), len(os.environ["STARTS"]), faults)
 """
 
 
-def _steady(mode: str, env: dict | None = None) -> tuple[bool, int, int]:
+def _steady(mode: str, env: dict | None = None, allocate: bool = True) -> tuple[bool, int, int]:
     done = subprocess.run(
-        [sys.executable, "-c", _FAULTS_OF_STEADY_ALLOCATION, mode],
+        [sys.executable, "-c", _FAULTS_OF_STEADY_ALLOCATION, mode, "allocate" if allocate else "start-only"],
         check=False,
         cwd=REPO,
         capture_output=True,
@@ -85,9 +89,9 @@ def test_the_command_restarts_once_under_tcmalloc_which_reuses_large_buffers():
     tcmalloc, starts, faults = _steady("restart")
     assert tcmalloc and starts == 2, "one restart, with tcmalloc loaded"
     assert faults < default / 20
-    # Chosen off: no restart, the system's malloc.
-    assert _steady("restart", {HOST_ALLOCATOR_ENV: "system"})[:2] == (False, 1)
-    assert _steady("restart", {HOST_ALLOCATOR_ENV: "glibc"})[:2] == (False, 1)
+    # Chosen off: no restart, the system's malloc (nothing to allocate to see that).
+    assert _steady("restart", {HOST_ALLOCATOR_ENV: "system"}, allocate=False)[:2] == (False, 1)
+    assert _steady("restart", {HOST_ALLOCATOR_ENV: "glibc"}, allocate=False)[:2] == (False, 1)
 
 
 def test_an_unknown_host_allocator_is_refused_before_anything_starts(tmp_path, monkeypatch):
