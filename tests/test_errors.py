@@ -9,7 +9,7 @@ import pytest
 
 from qwen3_trn.app import execute, to_run_config
 from qwen3_trn.errors import ConfigError
-from tests.conftest import compose_config, run_cli, run_in_process
+from tests.conftest import command_in_process, compose_config, run_cli, run_in_process
 
 
 @pytest.mark.parametrize(
@@ -63,9 +63,11 @@ def _binary_data_file(tmp_path):
     return ["data=files", f"data.path={tmp_path / 'blob.jsonl.gz'}"]
 
 
-# One real command line for each kind of bad input: Hydra's composition, a project check, the
-# config files, the data, the override syntax. The rest take the command's path in-process
-# (``run_in_process``: Hydra's compose, the app's task function, the same exit-status contract).
+# One command line for each kind of bad input: Hydra's composition, a project check, the config
+# files, the data, the override syntax. The first runs as a real ``python -m qwen3_trn`` process,
+# the others through the same entry point in this process (``command_in_process``: Hydra's
+# argument handling, the app's exit-status contract). The rest take the command's path
+# in-process (``run_in_process``: Hydra's compose, the app's task function).
 CLI_CASES = [
     (["model=nonexistent"], "Available options in 'model'"),
     (["model=tiny_moe", "model.top_k=16"], "model.top_k"),
@@ -86,9 +88,10 @@ IN_PROCESS_CASES = [
 def test_cli_reports_errors_without_traceback(args, needle, tmp_path):
     """Exit status 2 from ``python -m qwen3_trn`` for Hydra's composition errors and the
     project's own checks alike; the run directory Hydra creates first is removed again."""
+    real_process = args is CLI_CASES[0][0]
     args = args(tmp_path) if callable(args) else args
     run_dir = tmp_path / "runs" / "run"
-    result = run_cli(args, run_dir, timeout=300)
+    result = run_cli(args, run_dir, timeout=300) if real_process else command_in_process([*args, f"hydra.run.dir={run_dir}"])
     assert result.returncode == 2, result.stderr[-3000:]
     assert needle in result.stderr
     assert "Traceback" not in result.stderr

@@ -14,7 +14,7 @@ from qwen3_trn.fit.counts import count
 from qwen3_trn.fit.memory import GIB
 from qwen3_trn.fit.tracked import isolated, rank0_parameters, trainer_flops_per_token
 from qwen3_trn.preflight import prepare
-from tests.conftest import CONF, compose_config, in_process, read_summary, run_cli
+from tests.conftest import CONF, command_in_process, compose_config, in_process, read_summary
 
 # Qwen3 model cards (huggingface.co/Qwen/Qwen3-<size>): "Number of Parameters" (embeddings
 # included, a tied embedding counted once), "Number of Parameters (Non-Embedding)" (without the
@@ -79,9 +79,11 @@ def test_plan_prints_the_fit_table_and_records_it_in_plan_json(run_dir):
     assert 0 < record["memory_per_rank"]["total_gib"] < record["device_memory"]["per_rank_gib"]
 
 
-def test_fit_check_refuses_the_30b_a3b_command_on_this_machine(tmp_path):
-    # The default run directory, outputs/runs/<date>/<time> under the working directory.
-    result = run_cli(["backend=nki_moe", "model=30B-A3B"], timeout=300, cwd=tmp_path)
+def test_fit_check_refuses_the_30b_a3b_command_on_this_machine(tmp_path, monkeypatch):
+    # The default run directory, outputs/runs/<date>/<time> under the working directory, made by
+    # Hydra's entry point (in this process)
+    monkeypatch.chdir(tmp_path)
+    result = command_in_process(["backend=nki_moe", "model=30B-A3B"])
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     err = result.stderr
