@@ -164,7 +164,10 @@ class SearchSweeper(CheckedSweeper):
                 flush=True,
             )
             self._launch([(trial.number, overrides)])
-            self._tell(study, trial.number, _jobs(sweep_dir).get(trial.number))
+            record = _jobs(sweep_dir).get(trial.number)
+            if record and record.get("status") in IN_FLIGHT_STATUSES and getattr(job.prepared.cfg.launcher, "wait", False):
+                record = settle_jobs([record], wait=True)[0]  # launcher=slurm launcher.wait=true: its outcome first
+            self._tell(study, trial.number, record)
 
         jobs = _jobs(sweep_dir)
         report = write_search_report(study, sweep_dir, jobs, rerun_command)

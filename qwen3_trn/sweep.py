@@ -61,6 +61,7 @@ from qwen3_trn.records import (
 )
 from qwen3_trn.redact import redact_argv, redact_log_handlers, redact_overrides, remember_env
 from qwen3_trn.report import build_report
+from qwen3_trn.report.search import BEST_FILE, SEARCH_HTML
 from qwen3_trn.tracking import finish_dangling_run
 
 # Statuses of jobs that run elsewhere (launcher=slurm), only planned (mode=plan) or stopped
@@ -177,9 +178,11 @@ def run_sweep_job(execute: Callable[[Any], dict | None], cfg_node: Any) -> dict[
         _destroy_process_group()
     record["ended"] = time.time()
     if summary is None and (job_dir / SUMMARY_FILE).is_file() and not foreign:
-        summary = read_summary(job_dir)
-        if record["status"] == "failed" and summary.get("pruned"):  # ranks of a pruned trial in their own processes
-            summary = _pruned_elsewhere(job_dir, summary, record)
+        summary = _pruned_run(job_dir, read_summary(job_dir))
+        if record["status"] == "failed" and summary.get("status") == RunStatus.pruned:
+            record.update(status="pruned", reason=_pruned_reason(summary))
+            for key in ("error", "error_type", "error_key", "traceback"):
+                record.pop(key, None)
     if summary:
         record["final"] = _final_figures(summary)
         if summary.get("wandb_run_id"):
@@ -220,20 +223,21 @@ def run_sweep_job(execute: Callable[[Any], dict | None], cfg_node: Any) -> dict[
     return record
 
 
-def _pruned_elsewhere(job_dir: Path, summary: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
-    """A trial whose ranks ran in their own processes and were pruned there: their launcher saw
-    them exit with ``TrialPruned`` (a failure to it); the run and its job are pruned, no error."""
-    pruned = summary["pruned"]
-    record.update(
-        status="pruned", reason=f"pruned by the search at step {pruned.get('step')} (validation loss {pruned.get('val_loss'):.4f})"
-    )
-    for key in ("error", "error_type", "error_key", "traceback"):
-        record.pop(key, None)
-    summary = {k: v for k, v in summary.items() if k not in ("error", "error_log")}
+def _pruned_run(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary of a search's trial whose pruner stopped it where its launcher saw a failure
+    (ranks in their own processes, a Slurm job): status ``pruned``, no error; else as it is."""
+    if not summary.get("pruned") or summary.get("status") != RunStatus.failed:
+        return summary
+    summary = {k: v for k, v in summary.items() if k not in ("error", "error_log", "job_error")}
     summary["status"] = str(RunStatus.pruned)
-    write_json_atomic(job_dir / SUMMARY_FILE, summary)
-    (job_dir / ERROR_LOG).unlink(missing_ok=True)
+    write_json_atomic(Path(run_dir) / SUMMARY_FILE, summary)
+    (Path(run_dir) / ERROR_LOG).unlink(missing_ok=True)
     return summary
+
+
+def _pruned_reason(summary: dict[str, Any]) -> str:
+    pruned = summary.get("pruned") or {}
+    return f"pruned by the search at step {pruned.get('step')} (validation loss {pruned.get('val_loss', float('nan')):.4f})"
 
 
 def _destroy_process_group() -> None:
@@ -306,6 +310,11 @@ def write_manifest(sweep_dir: Path, jobs: list[dict[str, Any]], extra: dict[str,
         "rerun_failed": [j["rerun"] for j in jobs if j.get("status") == "failed" and j.get("rerun")],
         **(extra or {}),
     }
+    if (sweep_dir / SEARCH_HTML).is_file():  # a search (qwen3_trn.search): its report and best trial
+        manifest["search"] = {
+            "report": str(sweep_dir / SEARCH_HTML),
+            "best": str(sweep_dir / BEST_FILE) if (sweep_dir / BEST_FILE).is_file() else None,
+        }
     write_manifest_file(sweep_dir, manifest)
     return manifest
 
@@ -324,6 +333,10 @@ def format_summary(manifest: dict[str, Any]) -> str:
     lines.append(f"manifest: {Path(manifest['sweep_dir']) / MANIFEST_FILE}")
     if manifest.get("report"):
         lines.append(f"report:   {manifest['report']}")
+    if manifest.get("search"):
+        lines.append(
+            f"search:   {manifest['search']['report']}" + (f"  (best: {manifest['search']['best']})" if manifest["search"]["best"] else "")
+        )
     if manifest["rerun_failed"]:
         lines.append("rerun the failed jobs:")
         lines += [f"  {cmd}" for cmd in manifest["rerun_failed"]]
@@ -339,6 +352,8 @@ def _merge_into_record(record: dict[str, Any], summary: dict[str, Any]) -> None:
     slurm = summary.get("slurm") or {}
     record["slurm"] = slurm
     status = summary.get("status") or record.get("status")
+    if status == RunStatus.pruned:
+        record["reason"] = _pruned_reason(summary)
     record["status"] = status
     record["log"] = slurm.get("stderr") if status == RunStatus.failed else slurm.get("stdout")
     final = _final_figures(summary)
@@ -376,7 +391,8 @@ def refresh_runs(run_dirs: list[Path], wait: bool = False) -> list[dict[str, Any
         by_launcher.setdefault(name, []).append(Path(run_dir))
     summaries = []
     for name, dirs in by_launcher.items():
-        for summary in LAUNCHERS[name].refresh(dirs, wait=wait):
+        for refreshed in LAUNCHERS[name].refresh(dirs, wait=wait):
+            summary = _pruned_run(Path(refreshed["run_dir"]), refreshed)
             _sync_job_record(Path(summary["run_dir"]), summary)
             summaries.append(summary)
     return summaries

@@ -19,6 +19,7 @@ import yaml
 from optuna.trial import TrialState
 
 from tests.conftest import chromium, needs_chromium, read_metrics, read_summary, run_cli
+from tests.slurm_cluster import slurm_cluster  # noqa: F401
 
 STEPS = 8
 # Short trials that validate every other step, so that the pruner has intermediate values.
@@ -72,6 +73,8 @@ def test_search_prunes_and_writes_the_best_config(search):
     assert pruned, f"no trial was pruned: {trials}\n{_explain(first)}"
     assert len(complete) >= 2  # the median pruner's startup trials ran to their end
     assert before["manifest"]["counts"]["pruned"] == len(pruned) and before["manifest"]["counts"]["failed"] == 0
+    assert before["manifest"]["search"] == {"report": str(sweep_dir / "search.html"), "best": str(sweep_dir / "best.yaml")}
+    assert f"search:   {sweep_dir / 'search.html'}" in first.stdout
     for number in pruned:
         job = jobs[number]
         run_dir = Path(job["run_dir"])
@@ -214,3 +217,30 @@ def test_a_two_rank_trial_is_pruned_on_every_rank(tmp_path):
     for rank in (0, 1):  # each rank validated at step 2 and trained no further
         log = (run_dir / "logs" / f"rank{rank}.log").read_text()
         assert "validate step:  2" in log and "step:  3" not in log
+
+
+def test_a_search_on_slurm_prunes_its_trial_on_the_node(slurm_cluster, tmp_path):
+    """launcher=slurm launcher.wait=true: each trial is a Slurm job; its ranks report to the
+    study's SQLite storage from the node, the pruner stops it there, and the search learns its
+    outcome before asking the next trial."""
+    sweep_dir = tmp_path / "sweep"
+    args = [
+        "hparams_search=tiny_lr",
+        "hydra.sweeper.n_trials=1",
+        *SHORT,
+        "launcher=slurm",
+        "launcher.partition=cpu",
+        "launcher.wait=true",
+        "hydra.sweeper.pruner.name=threshold",
+        "+hydra.sweeper.pruner.upper=1.0",
+        "~hydra.sweeper.pruner.n_startup_trials",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    result = run_cli(args, timeout=600, env=slurm_cluster.env)
+    assert result.returncode == 0, _explain(result)
+    assert [t.state for t in load_study(sweep_dir).trials] == [TrialState.PRUNED]
+    job = jobs_by_num(sweep_dir)[0]
+    assert job["status"] == "pruned" and job["slurm"]["job_id"], job
+    assert [r["step"] for r in read_metrics(Path(job["run_dir"]))] == [1, 2]
+    summary = read_summary(Path(job["run_dir"]))
+    assert summary["status"] == "pruned" and summary["pruned"]["step"] == 2, summary
