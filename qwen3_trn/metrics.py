@@ -210,9 +210,9 @@ def _trial_of(run_dir: Path) -> TrialReporter | None:
     if not (run_dir / CONFIG_FILE).is_file():
         return None
     trial = load_run_config(run_dir).sweep.trial
-    if trial.storage is None or trial.study is None or trial.number is None:
+    if trial.storage is None or trial.study is None:
         return None
-    return TrialReporter(trial.storage, trial.study, trial.number)
+    return TrialReporter(trial.storage, trial.study, trial.number, str(run_dir))
 
 
 class RunMetricsProcessor(MetricsProcessor):
@@ -259,7 +259,8 @@ class RunMetricsProcessor(MetricsProcessor):
             dist.broadcast_object_list(decision, src=self._metrics_rank)
         if not decision[0]:
             return
-        message = f"pruned by the search at step {step} (validation loss {float(loss):.4f}, trial {self._trial.number})"
+        trial = "" if self._trial.number is None else f", trial {self._trial.number}"
+        message = f"pruned by the search at step {step} (validation loss {float(loss):.4f}{trial})"
         if rank == self._metrics_rank:
             update_summary(Path(self.config.run_dir), pruned={"step": step, "val_loss": float(loss)})
         raise TrialPruned(message)

@@ -46,10 +46,11 @@ from qwen3_trn.records import IN_FLIGHT_STATUSES, scrub_hydra_files
 from qwen3_trn.report.search import write_search_report
 from qwen3_trn.sweep import collect_jobs, rerun_command, settle_jobs, start_sweep_record
 from qwen3_trn.sweeper import CheckedSweeper, JobCheck
-from qwen3_trn.trials import PRUNER_ATTR, make_pruner, make_sampler
+from qwen3_trn.trials import PRUNER_ATTR, RUN_DIR_ATTR, make_pruner, make_sampler
 
 STORAGE_FILE = "optuna.db"
-# The overrides that tell a job which trial it is (qwen3_trn.config.schema.TrialConfig).
+# The overrides that tell a job which study it is a trial of (qwen3_trn.config.schema.TrialConfig);
+# it finds its trial by its run directory (the trial's user attribute run_dir).
 TRIAL_KEY = "sweep.trial"
 
 
@@ -154,11 +155,12 @@ class SearchSweeper(CheckedSweeper):
         while len(study.trials) < self.n_trials:
             trial = study.ask(space)
             overrides = [*fixed, *(f"{key}={_format(value)}" for key, value in trial.params.items()), *trial_keys]
-            overrides.append(f"{TRIAL_KEY}.number={trial.number}")
             job = self._check(trial.number, overrides, sweep_dir)
             if job.invalid or (job.prepared is not None and job.prepared.cfg.mode != Mode.train):
                 self._refuse(study, trial, job, sweep_dir)
                 continue
+            # how the job finds its trial (the same overrides for every trial: nothing more "swept")
+            trial.set_user_attr(RUN_DIR_ATTR, str(Path(job.prepared.cfg.output_dir).resolve()))
             print(
                 f"[search] trial {trial.number}/{self.n_trials}: {' '.join(f'{k}={_format(v)}' for k, v in trial.params.items())}",
                 flush=True,

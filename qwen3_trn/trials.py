@@ -10,9 +10,11 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.trial import TrialState
 
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.records import RunStatus
@@ -34,6 +36,8 @@ SAMPLERS = {
     "qmc": optuna.samplers.QMCSampler,
 }
 PRUNER_ATTR = "pruner"
+# The trial's user attribute naming the run directory of its job: how a job finds its trial.
+RUN_DIR_ATTR = "run_dir"
 
 
 def _build(kind: str, table: dict[str, Any], spec: dict[str, Any] | None, default: str) -> Any:
@@ -65,18 +69,26 @@ class TrialPruned(SystemExit):
 
 
 class TrialReporter:
-    """One trial of a study, opened from its storage on first use (by the metrics rank only)."""
+    """One trial of a study, opened from its storage on first use (by the metrics rank only):
+    trial ``number`` when given, else the running trial whose ``run_dir`` is this run's."""
 
-    def __init__(self, storage: str, study: str, number: int) -> None:
-        self.storage, self.study_name, self.number = storage, study, number
+    def __init__(self, storage: str, study: str, number: int | None, run_dir: str) -> None:
+        self.storage, self.study_name, self.number, self.run_dir = storage, study, number, str(Path(run_dir).resolve())
         self._trial: optuna.trial.Trial | None = None
 
     def _open(self) -> optuna.trial.Trial:
         if self._trial is None:
             study = optuna.load_study(study_name=self.study_name, storage=self.storage)
             study.pruner = make_pruner(study.user_attrs.get(PRUNER_ATTR))
-            frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == self.number)
-            self._trial = optuna.trial.Trial(study, frozen._trial_id)
+            trials = study.get_trials(deepcopy=False)
+            if self.number is not None:
+                found = [t for t in trials if t.number == self.number]
+            else:
+                found = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get(RUN_DIR_ATTR) == self.run_dir]
+            if not found:
+                raise ConfigError("sweep.trial", f"study {self.study_name} ({self.storage}) has no running trial for {self.run_dir}.")
+            self.number = found[-1].number
+            self._trial = optuna.trial.Trial(study, found[-1]._trial_id)
         return self._trial
 
     def report(self, value: float, step: int) -> bool:
@@ -86,4 +98,4 @@ class TrialReporter:
         return trial.should_prune()
 
 
-__all__ = ["PRUNERS", "SAMPLERS", "TrialPruned", "TrialReporter", "make_pruner", "make_sampler"]
+__all__ = ["PRUNER_ATTR", "RUN_DIR_ATTR", "PRUNERS", "SAMPLERS", "TrialPruned", "TrialReporter", "make_pruner", "make_sampler"]

@@ -75,6 +75,9 @@ def test_search_prunes_and_writes_the_best_config(search):
     assert before["manifest"]["counts"]["pruned"] == len(pruned) and before["manifest"]["counts"]["failed"] == 0
     assert before["manifest"]["search"] == {"report": str(sweep_dir / "search.html"), "best": str(sweep_dir / "best.yaml")}
     assert f"search:   {sweep_dir / 'search.html'}" in first.stdout
+    # the comparison report compares the searched parameters, not how each job found its trial
+    assert before["manifest"]["swept_keys"] == ["optimizer.lr", "optimizer.warmup_steps", "optimizer.weight_decay"]
+    assert "sweep.trial" not in (sweep_dir / "report.md").read_text().split("Swept keys:")[1].splitlines()[0]
     for number in pruned:
         job = jobs[number]
         run_dir = Path(job["run_dir"])

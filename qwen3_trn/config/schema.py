@@ -455,6 +455,7 @@ class TrialConfig:
 
     storage: Optional[str] = None  # the study's storage URL (sqlite:///<sweep dir>/optuna.db)
     study: Optional[str] = None
+    # None: the running trial whose user attribute run_dir is this run's directory
     number: Optional[int] = None
 
 
