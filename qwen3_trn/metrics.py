@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+from omegaconf import OmegaConf
 from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor, _get_metrics_rank
 
 from qwen3_trn.backends import backend_named
@@ -38,7 +39,6 @@ from qwen3_trn.records import (
     CONFIG_FILE,
     LAUNCH_TIME_ENV,
     METRICS_FILE,
-    load_run_config,
     summarize,
     update_summary,
     write_metrics_summary,
@@ -209,10 +209,10 @@ def _trial_of(run_dir: Path) -> TrialReporter | None:
     """The search trial this run is (``sweep.trial`` of its saved config), or None."""
     if not (run_dir / CONFIG_FILE).is_file():
         return None
-    trial = load_run_config(run_dir).sweep.trial
-    if trial.storage is None or trial.study is None:
+    trial = OmegaConf.select(OmegaConf.load(run_dir / CONFIG_FILE), "sweep.trial")  # null outside a search
+    if not trial or trial.get("storage") is None or trial.get("study") is None:
         return None
-    return TrialReporter(trial.storage, trial.study, trial.number, str(run_dir))
+    return TrialReporter(str(trial.storage), str(trial.study), trial.get("number"), str(run_dir))
 
 
 class RunMetricsProcessor(MetricsProcessor):
