@@ -95,14 +95,26 @@ def _process_state_kept() -> Iterator[None]:
         os.environ.update(env)
 
 
+# What the entry point sets in its own process (Hydra raises, the app then may print tracebacks),
+# as this session started.
+_ENTRY_POINT_ENV = {name: os.environ.get(name) for name in ("HYDRA_FULL_ERROR", "QWEN3_TRN_TRACEBACK")}
+
+
 @pytest.fixture(autouse=True)
 def _outside_any_hydra_run() -> None:
     """Each test starts outside a Hydra run: Hydra's entry point called in this process (by
     ``command_in_process`` or tests/test_entry_point.py) leaves its ``HydraConfig`` set, which
-    the app would read as the run or sweep it is in."""
+    the app would read as the run or sweep it is in, and ``HYDRA_FULL_ERROR`` in the
+    environment, with which a command started afterwards prints tracebacks and exits 1 for bad
+    input."""
     from hydra.core.hydra_config import HydraConfig
 
     HydraConfig.instance().cfg = None
+    for name, value in _ENTRY_POINT_ENV.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def in_process(args: list[str], run_dir: Path, config_dir: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
