@@ -26,7 +26,6 @@ from tests.conftest import (
     hf_export_run,
     in_process,
     read_summary,
-    run_cli,
 )
 
 # Tiny and quick: 2 layers, 64 tokens per row, 4 steps (fp32 on this CPU).
@@ -126,7 +125,7 @@ def test_finetune_from_hf_weights_loads_them_before_step_one(dense_run, tmp_path
     first_dir, first = dense_run
     export = first_dir / "hf" / f"step-{HF_EXPORT_STEPS}"
     run_dir = tmp_path / "run"
-    result = run_cli(
+    result = in_process(
         [
             "backend=hf_v5",
             "model=0.6B",

@@ -198,7 +198,8 @@ def test_two_job_multirun_on_slurm(slurm_cluster: SlurmCluster, tmp_path: Path):
     from qwen3_trn.records import load_run_config
 
     sweep = tmp_path / "sweep"
-    result = run_cli(
+    # submitted from this process (the command's entry point); the jobs are Slurm's processes
+    result = command_in_process(
         [
             "-m",
             *SLURM,
@@ -210,7 +211,6 @@ def test_two_job_multirun_on_slurm(slurm_cluster: SlurmCluster, tmp_path: Path):
             "training.seed=1,2",
             f"hydra.sweep.dir={sweep}",
         ],
-        timeout=400,
         env={**slurm_cluster.env, **SECRETS_IN_ENV},
     )
     assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
@@ -277,9 +277,8 @@ def test_scancel_shows_cancelled_in_the_sweep_manifest(slurm_cluster: SlurmClust
     sweep = tmp_path / "sweep"
     cpus = slurm_cluster.run("sinfo", "-h", "-o", "%c").stdout.split()[0]
     # each job takes every CPU of the node: job #1 waits in the queue while #0 runs
-    result = run_cli(
+    result = command_in_process(
         ["-m", *SLURM, *TINY, "training.steps=100000", f"launcher.cpus_per_task={cpus}", "training.seed=1,2", f"hydra.sweep.dir={sweep}"],
-        timeout=300,
         env=slurm_cluster.env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
