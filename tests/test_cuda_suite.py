@@ -6,6 +6,7 @@ import importlib.util
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,17 +57,21 @@ def _suite_module():
     return module
 
 
-def _assert_cuda_plan(plan: str, name: str) -> None:
-    assert "compile:\n  backend: inductor" in plan and "attention: flex" in plan, name
+def _assert_cuda_plan(run_dir: Path, name: str) -> None:
+    """The plan of a CUDA case: inductor and flex attention in its resolved config (the file
+    the plan names), the device planned for."""
+    config = (run_dir / "config.yaml").read_text()
+    assert "compile:\n  backend: inductor" in config and "attention: flex" in config, name
+    plan = (run_dir / "plan.txt").read_text()
+    assert "device: cuda" in plan and f"resolved config: {run_dir / 'config.yaml'}" in plan, name
 
 
 @pytest.mark.slow
 def test_the_suites_plan_mode_validates_a_case_through_the_cli(tmp_path):
     result = _suite("--plan", "--cases", "moe-30B-A3B-4L", "--out", str(tmp_path), timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    plan = (tmp_path / "moe-30B-A3B-4L" / "plan.txt").read_text()
-    _assert_cuda_plan(plan, "moe-30B-A3B-4L")
-    assert "kernels: grouped_mm" in plan
+    _assert_cuda_plan(tmp_path / "moe-30B-A3B-4L", "moe-30B-A3B-4L")
+    assert "kernels: grouped_mm" in (tmp_path / "moe-30B-A3B-4L" / "config.yaml").read_text()
 
 
 def test_every_case_passes_the_projects_validation_as_a_cuda_plan(tmp_path):
@@ -76,4 +81,4 @@ def test_every_case_passes_the_projects_validation_as_a_cuda_plan(tmp_path):
         run_dir = tmp_path / case.name
         code, stderr = run_in_process(suite.case_overrides(case, ["mode=plan"]), run_dir)
         assert code == 0, (case.name, stderr[-3000:])
-        _assert_cuda_plan((run_dir / "plan.txt").read_text(), case.name)
+        _assert_cuda_plan(run_dir, case.name)

@@ -105,6 +105,7 @@ RANGES: dict[str, Range] = {
     "launcher.mem_gb": Range(gt=0),
     "launcher.signal_delay_s": NON_NEGATIVE,
     "launcher.max_requeues": NON_NEGATIVE,
+    "sweep.trial.number": NON_NEGATIVE,
 }
 
 _MISSING = object()
