@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FAST, assert_trained, cli_env, in_process, read_metrics, read_summary, run_cli
+from tests.conftest import FAST, assert_trained, cli_env, command_in_process, in_process, read_metrics, read_summary, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +86,7 @@ def test_two_rank_fsdp_on_gloo(fsdp_run):
     assert "[rank1]" not in result.stdout
 
 
-def test_killed_fsdp_run_resumes_with_the_losses_of_an_uninterrupted_one(fsdp_run, tmp_path):
+def test_killed_fsdp_run_resumes_with_the_losses_of_an_uninterrupted_one(fsdp_run, tmp_path, monkeypatch):
     """2 ranks, FSDP over gloo. A run killed with SIGKILL between checkpoints and resumed from
     its run directory, given relative to where the command runs (the README's
     ``checkpoint.resume_from=outputs/runs/<date>/<time>``), logs exactly the losses of a run that
@@ -111,8 +111,10 @@ def test_killed_fsdp_run_resumes_with_the_losses_of_an_uninterrupted_one(fsdp_ru
     run.wait(timeout=60)
     assert not (killed / "checkpoint" / "step-6" / ".metadata").exists(), "killed after the next checkpoint, not between two"
 
+    # resumed through the command's entry point in this process, working in the same directory
     resumed = tmp_path / "outputs" / "runs" / "resumed"
-    result = run_cli([*FSDP, "checkpoint.resume_from=outputs/runs/killed"], resumed, cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    result = command_in_process([*FSDP, "checkpoint.resume_from=outputs/runs/killed", f"hydra.run.dir={resumed}"])
     records = assert_trained(result, resumed, steps=3)
     assert {r["step"]: r["loss"] for r in records} == {step: uninterrupted[step] for step in (5, 6, 7)}
     assert f"resume_from: {killed}" in (resumed / "config.yaml").read_text(), "saved as the absolute path"
