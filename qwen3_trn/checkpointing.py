@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
-from torchtitan.components.checkpoint import CheckpointManager
 
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.titan import CheckpointManager
 
 METADATA_FILE = ".metadata"
 HF_INDEX_FILE = "model.safetensors.index.json"

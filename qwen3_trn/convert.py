@@ -10,16 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
-from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig
-from torchtitan.config import CompileConfig as TitanCompileConfig
-from torchtitan.config import ParallelismConfig as TitanParallelismConfig
-from torchtitan.config import TrainingConfig as TitanTrainingConfig
-from torchtitan.config.configs import DebugConfig
-from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
-from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
-from torchtitan.trainer import Trainer
-
 from qwen3_trn.backends import build_backend
 from qwen3_trn.checkpointing import ResumePoint, find_resume_point
 from qwen3_trn.config.schema import CheckpointConfig, LoggerBackend, RunConfig, warmup_steps
@@ -31,6 +21,21 @@ from qwen3_trn.hf.export import HFExportCheckpointManager
 from qwen3_trn.layout import Layout
 from qwen3_trn.metrics import RunMetricsProcessor
 from qwen3_trn.models.architecture import Qwen3Architecture
+from qwen3_trn.titan import (
+    ChunkedLossWrapper,
+    CrossEntropyLoss,
+    DebugConfig,
+    FullAC,
+    HuggingFaceTextDataLoader,
+    LRSchedulersContainer,
+    OptimizersContainer,
+    ParamGroupConfig,
+    SelectiveAC,
+    Trainer,
+)
+from qwen3_trn.titan import CompileConfig as TitanCompileConfig
+from qwen3_trn.titan import ParallelismConfig as TitanParallelismConfig
+from qwen3_trn.titan import TrainingConfig as TitanTrainingConfig
 from qwen3_trn.validation import validator_config
 
 ACTIVATION_CHECKPOINTING = {"none": lambda: None, "selective": SelectiveAC.Config, "full": FullAC.Config}

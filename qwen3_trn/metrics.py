@@ -30,7 +30,6 @@ from typing import Any
 
 import torch.distributed as dist
 from omegaconf import OmegaConf
-from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor, _get_metrics_rank
 
 from qwen3_trn.backends import backend_named
 from qwen3_trn.hf.export import latest_hf_export
@@ -43,6 +42,7 @@ from qwen3_trn.records import (
     update_summary,
     write_metrics_summary,
 )
+from qwen3_trn.titan import BaseLogger, LoggerContainer, MetricsProcessor, _get_metrics_rank
 from qwen3_trn.tracking import start_wandb
 from qwen3_trn.trials import TrialPruned, TrialReporter
 from qwen3_trn.validation import VALIDATION_LOSS, is_validation_step, validation_record

@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from torchtitan.trainer import Trainer
-
 from qwen3_trn import fit
 from qwen3_trn.backends import build_backend
 from qwen3_trn.checkpointing import ResumePoint
@@ -26,6 +24,7 @@ from qwen3_trn.hf.export import check_hf_export
 from qwen3_trn.inputs import absolute_paths, check_data, check_tokenizer
 from qwen3_trn.layout import Layout, resolve_layout
 from qwen3_trn.models.architecture import Qwen3Architecture
+from qwen3_trn.titan import Trainer
 from qwen3_trn.validation import check_validation
 
 # A launcher's own checks of a config and its layout (``Launcher.validate``): raise ConfigError.

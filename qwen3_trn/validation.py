@@ -25,12 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torchtitan.components.validate import Validator
-from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataLoader
 
 from qwen3_trn.config.schema import DataConfig, ValidationConfig
 from qwen3_trn.data.sources import resolve_validation_dataset
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.titan import DATASETS, HuggingFaceTextDataLoader, Validator
 
 # torchtitan's name of the held-out loss (val_loss in metrics.jsonl, wandb and summary.json)
 VALIDATION_LOSS = "validation_metrics/loss"

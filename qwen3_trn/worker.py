@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torchtitan.trainer import Trainer
 
 from qwen3_trn.backends import build_backend
 from qwen3_trn.config.schema import RunConfig
@@ -25,6 +24,7 @@ from qwen3_trn.devices import DeviceSpec, resolve_device
 from qwen3_trn.layout import Layout
 from qwen3_trn.records import LOGS_DIR
 from qwen3_trn.redact import RedactingFormatter
+from qwen3_trn.titan import Trainer
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from torchtitan.protocols.model_spec import ModelSpec
-from torchtitan.trainer import Trainer
-
 from qwen3_trn.config.schema import BackendConfig, RunConfig
 from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.hf_config import hf_config_dict
+from qwen3_trn.titan import ModelSpec, Trainer
 
 
 def flavor_architecture(cfg: RunConfig) -> Qwen3Architecture:

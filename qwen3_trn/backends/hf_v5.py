@@ -13,8 +13,6 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, get_args
 
-from torchtitan.protocols.model_spec import ModelSpec
-
 from qwen3_trn.backends.base import Backend, flavor_architecture
 from qwen3_trn.config.schema import HfV5BackendConfig, RunConfig
 from qwen3_trn.devices import DeviceSpec
@@ -31,6 +29,15 @@ from qwen3_trn.models.hf_config import (
     load_hf_config,
     write_hf_config_dir,
 )
+from qwen3_trn.titan import (
+    HFTransformerModel,
+    ModelSpec,
+    TitanModelConfig,
+    TitanMoeModelConfig,
+    parallelize_hf_transformers,
+    pipeline_hf_transformers,
+    register_moe_load_balancing_hook,
+)
 
 # The name torchtitan registers its flex-attention shim under in transformers' AttentionInterface.
 TITAN_ATTENTION = "flex_torchtitan"
@@ -39,8 +46,6 @@ CPU_ATTENTION = "qwen3_trn_causal_sdpa"
 
 def experts_implementations() -> tuple[str, ...]:
     """The values torchtitan's TitanMoeModelConfig.experts_implementation accepts."""
-    from torchtitan.experiments.transformers_modeling_backend import TitanMoeModelConfig
-
     return tuple(get_args(TitanMoeModelConfig.__dataclass_fields__["experts_implementation"].type)) or (
         "grouped_mm",
         "batched_mm",
@@ -137,12 +142,6 @@ def use_causal_sdpa_attention_on_cpu(model_config: Any | None = None, paralleliz
 def titan_hf_model_config(arch: Qwen3Architecture, experts_implementation: str | None = None):
     """torchtitan's ``HFTransformerModel.Config`` for the architecture: every size comes from
     the HF config.json (no flavor overrides), only the MoE kernel choice is set here."""
-    from torchtitan.experiments.transformers_modeling_backend import (
-        HFTransformerModel,
-        TitanModelConfig,
-        TitanMoeModelConfig,
-    )
-
     if arch.is_moe:
         titan = TitanMoeModelConfig()
         if experts_implementation:
@@ -164,10 +163,6 @@ class HfV5Backend(Backend):
         return hf_config(cfg, arch)
 
     def model_spec(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> ModelSpec:
-        from torchtitan.components.optimizer import register_moe_load_balancing_hook
-        from torchtitan.experiments.transformers_modeling_backend.parallelize import parallelize_hf_transformers
-        from torchtitan.experiments.transformers_modeling_backend.pipeline import pipeline_hf_transformers
-
         config = titan_hf_model_config(arch, self.config.hf_experts_implementation)
         parallelize = parallelize_keeping_tied_embeddings(parallelize_hf_transformers)
         if device.type == "cpu":

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from torchtitan.protocols.model_spec import ModelSpec
-
 from qwen3_trn.backends.base import Backend
 from qwen3_trn.config.schema import NativeBackendConfig, RunConfig
 from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.attention import inner_attention_config, resolve_attention
 from qwen3_trn.models.qwen3 import native_model_spec
+from qwen3_trn.titan import ModelSpec
 
 
 class NativeBackend(Backend):

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchtitan.protocols.model_spec import ModelSpec
-
 from qwen3_trn.backends.base import Backend
 from qwen3_trn.config.schema import NkiMoeBackendConfig, RunConfig
 from qwen3_trn.devices import DeviceSpec
@@ -28,6 +26,7 @@ from qwen3_trn.local_tensors import local_tensor
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.attention import inner_attention_config, resolve_attention
 from qwen3_trn.models.qwen3 import native_model_spec
+from qwen3_trn.titan import ModelSpec
 
 # Trainium's grouped matmul needs expert token groups in multiples of this many rows.
 NEURON_TOKEN_GROUP_ALIGNMENT = 128

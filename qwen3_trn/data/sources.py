@@ -24,12 +24,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from torchtitan.hf_datasets import DatasetConfig
-from torchtitan.hf_datasets.text_datasets import DATASETS
-
 from qwen3_trn.config.schema import C4DataConfig, DataConfig, EmbeddedDataConfig, FilesDataConfig, HubDataConfig
 from qwen3_trn.data.embedded import corpus_path, ensure_assets, validation_corpus_path
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.titan import DATASETS, DatasetConfig
 
 # File suffix -> the `datasets` builder that reads it.
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from torchtitan.protocols.model_spec import ModelSpec
+from qwen3_trn.titan import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from torchtitan.trainer import Trainer
-
 from qwen3_trn.config.schema import ParallelismConfig, RunConfig
 from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.errors import ConfigError
@@ -30,6 +28,7 @@ from qwen3_trn.fit.report import FitReport
 from qwen3_trn.fit.solver import solve
 from qwen3_trn.layout import Layout
 from qwen3_trn.models.architecture import Qwen3Architecture
+from qwen3_trn.titan import Trainer
 
 __all__ = [
     "PLANNED_NODES",

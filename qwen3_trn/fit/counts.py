@@ -13,12 +13,11 @@ import logging
 from dataclasses import dataclass
 
 import torch
-from torchtitan.models.common.attention import ScaledDotProductAttention
-from torchtitan.models.qwen3 import Qwen3Model
 
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.qwen3 import build_model_config
 from qwen3_trn.quiet import logging_disabled
+from qwen3_trn.titan import Qwen3Model, ScaledDotProductAttention
 
 # Name fragments torchtitan's get_moe_model_nparams_and_flops sorts parameters by.
 EMBEDDING, ROUTER, SHARED_EXPERTS, ROUTED_EXPERTS = "embedding", "moe.router", "moe.shared_experts", "moe.routed_experts"

@@ -12,9 +12,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from torchtitan.models.common.attention import ScaledDotProductAttention
-from torchtitan.trainer import Trainer
-
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.convert import compute_dtype, param_dtype
 from qwen3_trn.errors import ConfigError
@@ -34,6 +31,7 @@ from qwen3_trn.fit.probe import ActivationProfile, activation_profile
 from qwen3_trn.layout import Layout
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.qwen3 import build_model_config
+from qwen3_trn.titan import ScaledDotProductAttention, Trainer
 
 # Below this share of the budget, or above it with no activations at all, the closed form
 # cannot change the answer and the probe is skipped (train mode: the default run stays fast).

@@ -4,15 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torchtitan.config import ParallelismConfig as TitanParallelismConfig
-from torchtitan.distributed.pipeline_parallel import (
-    _generate_llm_fqn_per_model_part,
-    _get_pipeline_metadata,
-    _get_pp_rank_to_stage_indices_mapping,
-)
-
 from qwen3_trn.config.schema import ModelConfig
 from qwen3_trn.layout import Layout
+from qwen3_trn.titan import ParallelismConfig as TitanParallelismConfig
+from qwen3_trn.titan import _generate_llm_fqn_per_model_part, _get_pipeline_metadata, _get_pp_rank_to_stage_indices_mapping
 
 
 @dataclass(frozen=True)

@@ -19,17 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torchtitan
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker, _ModState
-from torchtitan.components.loss import BaseLoss
-from torchtitan.config import TORCH_DTYPE_MAP
-from torchtitan.models.common.attention import ScaledDotProductAttention
-from torchtitan.models.qwen3 import Qwen3Model
-from torchtitan.tools.utils import set_default_dtype
 
 from qwen3_trn.fit.trackers import by_category, for_torchtitan_step
 from qwen3_trn.records import cache_dir
+from qwen3_trn.titan import TORCH_DTYPE_MAP, BaseLoss, Qwen3Model, ScaledDotProductAttention, set_default_dtype, torchtitan_version
 
 PROBE_LAYERS = 2
 # Categories that are not activations: the probe's own (compute-dtype) weights and their grads.
@@ -106,7 +101,7 @@ def _key(model_config, ac_config, loss_config, dtype: torch.dtype, batch: int, s
             batch,
             seq_len,
             torch.__version__,
-            getattr(torchtitan, "__version__", ""),
+            torchtitan_version(),
         ],
         sort_keys=True,
         default=repr,

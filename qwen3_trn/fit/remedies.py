@@ -10,8 +10,6 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from torchtitan.models.qwen3 import qwen3_configs
-
 from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.fit.counts import count
 from qwen3_trn.fit.device_memory import DeviceMemory, accelerator
@@ -19,6 +17,7 @@ from qwen3_trn.fit.estimate import StepModel
 from qwen3_trn.fit.memory import GIB
 from qwen3_trn.layout import Layout
 from qwen3_trn.models.architecture import Qwen3Architecture
+from qwen3_trn.titan import qwen3_configs
 
 MAX_RANKS = 8192
 # A smoke run should leave room: cut until it needs at most this share of a rank's memory.

@@ -29,7 +29,6 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-from torchtitan.distributed import utils as dist_utils
 
 from qwen3_trn.backends import build_backend
 from qwen3_trn.config.schema import RunConfig
@@ -40,6 +39,7 @@ from qwen3_trn.fit.memory import MemoryEstimate
 from qwen3_trn.fit.trackers import by_category, for_torchtitan_step
 from qwen3_trn.layout import Layout
 from qwen3_trn.local_tensors import local_tensor
+from qwen3_trn.titan import dist_utils
 
 # Deeper models are measured at these two depths (x the pipeline degree) and extrapolated.
 CUT_DEPTHS = (2, 3)

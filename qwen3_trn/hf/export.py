@@ -29,13 +29,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torchtitan.components.checkpoint import MODEL, AsyncMode
-from torchtitan.config import TORCH_DTYPE_MAP
-from torchtitan.tools.logging import logger
 
 from qwen3_trn.checkpointing import GuardedCheckpointManager
 from qwen3_trn.config.schema import CheckpointConfig
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.titan import MODEL, TORCH_DTYPE_MAP, AsyncMode, logger
 
 TOKENIZER_FILES = (
     "tokenizer.json",

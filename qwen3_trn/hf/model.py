@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qwen3_trn.local_tensors import local_tensor
+from qwen3_trn.titan import _EMBEDDING_INIT, _LINEAR_INIT, _NORM_INIT, MoE, _residual_output_weight_init
 
 
 class TiedLMHead(nn.Module):
@@ -134,8 +135,6 @@ def reset_rotary_buffers(model: nn.Module) -> int:
 @torch.no_grad()
 def reset_moe_buffers(model: nn.Module) -> int:
     """Zero the Titan MoE load-balancing buffers in place (as ``MoE._init_self_buffers`` does)."""
-    from torchtitan.models.common.moe import MoE
-
     count = 0
     for module in model.modules():
         if isinstance(module, MoE):
@@ -163,8 +162,6 @@ def native_init_plan(n_layers: int, is_moe: bool, tied: bool) -> list[tuple[re.P
     flavor configs): std 0.02 normal for linears and embeddings, ones for norms; in MoE layers
     the attention output and the experts' down projection use the depth-scaled std
     ``0.02 / sqrt(2 * n_layers)``. A tied embedding is drawn once, by the output layer's init."""
-    from torchtitan.models.qwen3 import _EMBEDDING_INIT, _LINEAR_INIT, _NORM_INIT, _residual_output_weight_init
-
     linear, norm, residual = _LINEAR_INIT["weight"], _NORM_INIT["weight"], _residual_output_weight_init(n_layers)
     plan = [
         (r"embed_tokens\.weight", linear if tied else _EMBEDDING_INIT["weight"]),

@@ -20,10 +20,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from torchtitan.experiments.transformers_modeling_backend.state_dict_adapter import HFTransformerStateDictAdapter
-
 from qwen3_trn.models.hf_config import architecture_from_hf
 from qwen3_trn.models.qwen3 import build_model_config
+from qwen3_trn.titan import HFTransformerStateDictAdapter, Qwen3StateDictAdapter, ScaledDotProductAttention
 
 # HF-backend (after the "model." prefix is stripped) <-> native torchtitan Qwen3 MoE names.
 _BACKEND_MOE = re.compile(r"^model\.layers\.(\d+)\.mlp\.(router\.gate\.weight|routed_experts\.inner_experts\.w[123]\w*)$")
@@ -56,9 +55,6 @@ def _hf_config_values(model_config: Any) -> dict[str, Any]:
 
 def native_moe_adapter(model_config: Any, hf_assets_path: str | None):
     """torchtitan's native Qwen3 adapter for the same MoE architecture (used for expert tensors)."""
-    from torchtitan.models.common.attention import ScaledDotProductAttention
-    from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
-
     arch = architecture_from_hf(_hf_config_values(model_config), "the model config")
     native = build_model_config("debugmodel_moe", arch, ScaledDotProductAttention.Config())
     native.enable_weight_tying = False  # only expert/router tensors pass through it

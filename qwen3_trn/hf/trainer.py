@@ -13,11 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchtitan.experiments.transformers_modeling_backend.configs import TransformersBackendConfig
-from torchtitan.experiments.transformers_modeling_backend.trainer import HFTransformerTrainer
-from torchtitan.tools.logging import logger
-
 from qwen3_trn.hf.model import init_like_native, reset_unset_buffers
+from qwen3_trn.titan import HFTransformerTrainer, TransformersBackendConfig, logger
 
 
 def is_hf_weights_dir(path: str | Path) -> bool:

@@ -12,11 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import torch
-from torchtitan.models.common.moe import GroupedExperts
-from torchtitan.protocols.model import ModelConfigConverter
-from torchtitan.protocols.module import Module
 
 from qwen3_trn.local_tensors import local_tensor
+from qwen3_trn.titan import GroupedExperts, ModelConfigConverter, Module
 
 from . import nki_moe  # noqa: F401  (registers the nki kernel; imports no Neuron module)
 from .moe import MOE_SWIGLU_EXPERTS, moe_problem

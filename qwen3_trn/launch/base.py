@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from torchtitan.trainer import Trainer
-
 from qwen3_trn.config.schema import LauncherConfig, RunConfig
 from qwen3_trn.layout import Layout
 from qwen3_trn.preflight import Prepared
 from qwen3_trn.records import RunStatus
+from qwen3_trn.titan import Trainer
 
 
 @dataclass

@@ -17,8 +17,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
-from torchtitan.trainer import Trainer
-
 from qwen3_trn.config.schema import LauncherConfig, LocalLauncherConfig, RendezvousBackend
 from qwen3_trn.devices import resolve_device
 from qwen3_trn.errors import RunInterrupted
@@ -28,6 +26,7 @@ from qwen3_trn.layout import Layout
 from qwen3_trn.preflight import Prepared
 from qwen3_trn.records import CONFIG_FILE, DEVICE_SLICE_FILE, LOGS_DIR, RunStatus, prune_empty_dirs, write_json_atomic
 from qwen3_trn.redact import looks_secret, passed_env
+from qwen3_trn.titan import Trainer
 from qwen3_trn.worker import WorkerJob, run_worker
 
 

@@ -12,11 +12,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from torchtitan.models.common.moe import MoE
-from torchtitan.models.qwen3 import Qwen3Model, qwen3_configs
-
 from qwen3_trn.config.schema import ModelConfig
 from qwen3_trn.errors import ConfigError, NotApplicable
+from qwen3_trn.titan import MoE, Qwen3Model, qwen3_configs
 
 FLAVORS = tuple(qwen3_configs)
 MOE_KEYS = ("num_experts", "top_k", "moe_hidden_dim")

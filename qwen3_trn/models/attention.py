@@ -8,11 +8,8 @@ the trainer then builds no masks and attention spans document boundaries in a pa
 
 from __future__ import annotations
 
-from torchtitan.models.common.attention import ScaledDotProductAttention
-from torchtitan.models.common.config_utils import get_attention_config
-from torchtitan.protocols.module import Module
-
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.titan import Module, ScaledDotProductAttention, get_attention_config
 
 ATTENTION_BACKENDS = ("sdpa", "flex", "flex_flash", "varlen")
 

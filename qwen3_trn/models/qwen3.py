@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from torchtitan.models.common import CosSinRoPE
-from torchtitan.models.qwen3 import (
+from qwen3_trn.models.architecture import Qwen3Architecture
+from qwen3_trn.titan import (
+    CosSinRoPE,
+    ModelConfigConverter,
+    ModelSpec,
+    Module,
     Qwen3Model,
     _build_qwen3_layers,
     _build_qwen3_moe_layers,
@@ -18,11 +22,6 @@ from torchtitan.models.qwen3 import (
     model_registry,
     qwen3_configs,
 )
-from torchtitan.protocols.model import ModelConfigConverter
-from torchtitan.protocols.model_spec import ModelSpec
-from torchtitan.protocols.module import Module
-
-from qwen3_trn.models.architecture import Qwen3Architecture
 
 
 def _layers(arch: Qwen3Architecture, rope: CosSinRoPE.Config) -> list:

@@ -24,8 +24,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from torchtitan.trainer import Trainer
-
 from qwen3_trn.config.schema import Mode, RunConfig, SlurmLauncherConfig
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.launch.base import LaunchDescription, Launcher
@@ -44,6 +42,7 @@ from qwen3_trn.launch.slurm.submission import (
 from qwen3_trn.layout import Layout
 from qwen3_trn.preflight import Prepared
 from qwen3_trn.records import CONFIG_FILE, SLURM_DIR, RunStatus, update_summary
+from qwen3_trn.titan import Trainer
 
 __all__ = ["SlurmJobEnded", "SlurmLauncher", "SlurmTrainJob", "sbatch_script"]
 

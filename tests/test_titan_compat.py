@@ -1,0 +1,88 @@
+"""The torchtitan compatibility check (``qwen3_trn.titan``): every torchtitan name the package uses
+is imported in that one module, and a torchtitan without some of them (the torchtitan-neuron
+fork of an older snapshot, say) is one clear error at start, exit 2, naming every missing name
+and the version found."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qwen3_trn import titan
+from tests.conftest import REPO, cli_env
+
+PACKAGE = REPO / "qwen3_trn"
+
+
+def torchtitan_imports(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "torchtitan":
+            found.append(node.module)
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if alias.name.split(".")[0] == "torchtitan"]
+    return found
+
+
+def test_only_the_compat_module_imports_torchtitan():
+    importers = {
+        str(path.relative_to(REPO)): modules
+        for path in PACKAGE.rglob("*.py")
+        if "conf" not in path.relative_to(PACKAGE).parts and path.name != "titan.py" and (modules := torchtitan_imports(path))
+    }
+    assert importers == {}
+    assert titan.missing_names() == []
+
+
+# The child removes names from torchtitan's modules after importing them (so torchtitan's own
+# modules are whole), then runs the entry point as ``python -m qwen3_trn`` does.
+CHILD = """
+import importlib, runpy, sys
+for module in {modules!r}:
+    importlib.import_module(module)
+for module, name in {removed!r}:
+    delattr(sys.modules[module], name)
+sys.argv = ["qwen3_trn", "mode=plan", "output_dir={run_dir}"]
+runpy.run_module("qwen3_trn", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_missing_torchtitan_names_are_one_error_before_anything_starts(tmp_path):
+    modules = sorted({module for module, _ in titan.imported_names(Path(titan.__file__).read_text())})
+    removed = [
+        ("torchtitan.components.loss", "ChunkedLossWrapper"),
+        ("torchtitan.experiments.transformers_modeling_backend.trainer", "HFTransformerTrainer"),
+    ]
+    code = CHILD.format(modules=modules, removed=removed, run_dir=tmp_path / "run")
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=cli_env({"QWEN3_TRN_HOST_ALLOCATOR": "system"}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    error = done.stderr.strip()
+    assert "Traceback" not in error
+    assert error.startswith("error: torchtitan: the installed torchtitan 0.3.0 lacks ")
+    assert (
+        "torchtitan.components.loss.ChunkedLossWrapper, torchtitan.experiments.transformers_modeling_backend.trainer.HFTransformerTrainer"
+        in error
+    )
+    assert "torchtitan-neuron" in error
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_module_or_field_is_named(monkeypatch):
+    source = "try:\n    from torchtitan.no_such_module import Thing\n    from torchtitan.trainer import Trainer, NoSuchName\nexcept ImportError:\n    pass\n"
+    assert titan.missing_names(source) == ["torchtitan.no_such_module.Thing", "torchtitan.trainer.NoSuchName"]
+    monkeypatch.setitem(titan.FIELDS, "torchtitan.config.TrainingConfig", ("disable_cuda_graphs", "no_such_field"))
+    with pytest.raises(titan.TorchtitanMismatch) as info:
+        titan.check_torchtitan()
+    assert info.value.missing == ["torchtitan.config.TrainingConfig.no_such_field"]
+    assert info.value.key == "torchtitan" and info.value.version == "0.3.0"
