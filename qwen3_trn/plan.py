@@ -9,6 +9,7 @@ from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from qwen3_trn.backends import build_backend
 from qwen3_trn.config.overrides import override_key
 from qwen3_trn.launch import LaunchDescription
 from qwen3_trn.layout import Layout
@@ -28,6 +29,13 @@ def device_mapping(device_type: str, layout: Layout) -> list[str]:
         first = node * layout.nproc_per_node
         lines.append(f"node {node}: ranks {first}-{first + layout.nproc_per_node - 1} -> {where}")
     return lines
+
+
+def backend_facts(prepared: Prepared) -> list[str]:
+    """The training mode and what it records of the run (its kernel, attention, token groups)."""
+    backend = build_backend(prepared.cfg.backend)
+    facts = backend.run_info(prepared.cfg, prepared.arch, prepared.device)
+    return [f"backend={prepared.cfg.backend.name}: {backend.description}", *(f"{key}: {as_written(value)}" for key, value in facts.items())]
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -120,6 +128,7 @@ def render_plan(prepared: Prepared, launch: LaunchDescription, differences: tupl
                 ]
             ),
         ),
+        ("Backend", "\n".join(backend_facts(prepared))),
         ("Architecture", ", ".join(f"{key}={as_written(value)}" for key, value in prepared.arch.summary().items())),
         *([("Memory and compute per rank (will it fit?)", prepared.fit.table())] if prepared.fit is not None else []),
         ("Equivalent torchrun command", launch.torchrun),

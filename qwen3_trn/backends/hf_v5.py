@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, get_args
 
+from qwen3_trn.backends.aligned_experts import align_token_groups, moe_token_groups, token_group_alignment
 from qwen3_trn.backends.base import Backend, flavor_architecture
 from qwen3_trn.config.schema import HfV5BackendConfig, RunConfig
 from qwen3_trn.devices import DeviceSpec
@@ -41,7 +42,8 @@ from qwen3_trn.titan import (
 
 # The name torchtitan registers its flex-attention shim under in transformers' AttentionInterface.
 TITAN_ATTENTION = "flex_torchtitan"
-CPU_ATTENTION = "qwen3_trn_causal_sdpa"
+# Causal SDPA for HF attention, on devices whose default attention is SDPA (CPU, Neuron).
+SDPA_ATTENTION = "qwen3_trn_causal_sdpa"
 
 
 def experts_implementations() -> tuple[str, ...]:
@@ -81,12 +83,12 @@ def _base(cfg: RunConfig) -> dict[str, Any] | None:
 
 
 # --------------------------------------------------------------------------------------------
-# CPU: the attention path
+# CPU and Neuron: the attention path
 # --------------------------------------------------------------------------------------------
 
 
 def _causal_sdpa_attention(module, query, key, value, attention_mask, **kwargs):
-    """Causal SDPA for HF attention modules (the mask argument is None on CPU, see below)."""
+    """Causal SDPA for HF attention modules (the mask argument is None, see below)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     kwargs.pop("is_causal", None)
@@ -97,15 +99,25 @@ def _no_attention_masks(positions):
     return None
 
 
-def use_causal_sdpa_attention_on_cpu(model_config: Any | None = None, parallelize_fn: Callable | None = None):
-    """CPU adaptation of the attention path of torchtitan's transformers backend.
+def runs_sdpa(device: DeviceSpec) -> bool:
+    """Whether HF attention runs causal SDPA on this device (else torchtitan's flex path)."""
+    return device.default_attention == "sdpa"
+
+
+def use_causal_sdpa_attention(model_config: Any | None = None, parallelize_fn: Callable | None = None):
+    """CPU and Neuron adaptation of the attention path of torchtitan's transformers backend.
 
     torchtitan routes every HF attention layer through FlexAttention: ``HFTransformerModel.Config``
     registers ``_flex_attention_torchtitan`` as "flex_torchtitan" in transformers'
     ``AttentionInterface`` and sets the HF config's ``_attn_implementation`` to it, and
     ``HFTransformerModel.forward`` builds a causal flex ``BlockMask`` (``get_attention_masks``)
-    for every batch. FlexAttention has no backward on CPU, and the BlockMask is compiled with
-    inductor on first use (seconds on CPU). On CPU this instead
+    for every batch. FlexAttention has no backward on CPU, and both it and the BlockMask are
+    compiled with inductor (``torch.compile(create_block_mask)`` in torchtitan's
+    ``models/common/attention.py``): seconds on CPU, and no code generation for Neuron at all
+    (torch-neuronx decomposes flex attention only inside its own compile backend,
+    ``neuron_dynamo_backend/fx/passes/flex_attention_legalization.py``), while its SDPA is a
+    Neuron op (NKI-backed: ``python_ops/nki_kernels/scaled_dot_product_attention.py``). Where the
+    device's default attention is SDPA (``runs_sdpa``) this instead
 
     * registers a causal SDPA function as "qwen3_trn_causal_sdpa" (always; idempotent),
     * points ``model_config`` (an ``HFTransformerModel.Config``) at it, and
@@ -113,22 +125,41 @@ def use_causal_sdpa_attention_on_cpu(model_config: Any | None = None, paralleliz
       no mask to a custom attention function, and SDPA runs causal).
 
     Same causal masking as torchtitan's default ``attn_mask_type="causal"``; like backend=native's
-    SDPA on CPU, documents packed into one row are not separated. Called only when the device
-    is the CPU; CUDA and Neuron keep torchtitan's flex path. Returns the wrapped parallelize_fn.
+    SDPA, documents packed into one row are not separated. CUDA keeps torchtitan's flex path.
+    Returns the wrapped parallelize_fn.
     """
     from transformers.modeling_utils import AttentionInterface
 
-    AttentionInterface._global_mapping[CPU_ATTENTION] = _causal_sdpa_attention
+    AttentionInterface._global_mapping[SDPA_ATTENTION] = _causal_sdpa_attention
     if model_config is not None:
-        model_config._titan_injected_model_args["attn_implementation"] = CPU_ATTENTION
-        model_config.attn_implementation = CPU_ATTENTION
-        model_config._attn_implementation = CPU_ATTENTION
+        model_config._titan_injected_model_args["attn_implementation"] = SDPA_ATTENTION
+        model_config.attn_implementation = SDPA_ATTENTION
+        model_config._attn_implementation = SDPA_ATTENTION
     if parallelize_fn is None:
         return None
 
     @functools.wraps(parallelize_fn)
     def parallelize(model, **kwargs):
         model.get_attention_masks = _no_attention_masks
+        return parallelize_fn(model, **kwargs)
+
+    return parallelize
+
+
+def aligning_token_groups(parallelize_fn: Callable, alignment: int) -> Callable:
+    """``parallelize_fn`` aligning the expert token groups of the torchtitan MoE it swaps in.
+
+    torchtitan's transformers backend replaces each HF MoE block with its own ``MoE``
+    (``moe_replacement.py``: the config is stored on the layer as ``_native_moe_config`` when the
+    model is built, and built into the layer by ``parallelize_hf_transformers``), so the experts
+    that run are torchtitan's ``GroupedExperts``; their configs are aligned just before."""
+
+    @functools.wraps(parallelize_fn)
+    def parallelize(model, **kwargs):
+        for layer in model.layers.values():
+            moe_config = getattr(layer, "_native_moe_config", None)
+            if moe_config is not None:
+                layer._native_moe_config = align_token_groups(moe_config, alignment)
         return parallelize_fn(model, **kwargs)
 
     return parallelize
@@ -165,8 +196,11 @@ class HfV5Backend(Backend):
     def model_spec(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> ModelSpec:
         config = titan_hf_model_config(arch, self.config.hf_experts_implementation)
         parallelize = parallelize_keeping_tied_embeddings(parallelize_hf_transformers)
-        if device.type == "cpu":
-            parallelize = use_causal_sdpa_attention_on_cpu(config, parallelize)
+        if runs_sdpa(device):
+            parallelize = use_causal_sdpa_attention(config, parallelize)
+        alignment = token_group_alignment(device.type)
+        if arch.is_moe and alignment:
+            parallelize = aligning_token_groups(parallelize, alignment)
         return ModelSpec(
             name="transformers_modeling_backend",
             flavor=hf_architecture_name(arch),
@@ -199,12 +233,12 @@ class HfV5Backend(Backend):
                     "backend.hf_experts_implementation",
                     f"'{impl}' is not one torchtitan's transformers backend accepts; use one of {', '.join(allowed)}.",
                 )
-        used = "sdpa" if device.type == "cpu" else "flex"
+        used = "sdpa" if runs_sdpa(device) else "flex"
         if cfg.model.attention not in ("auto", used):
             raise ConfigError(
                 "model.attention",
                 f"'{cfg.model.attention}' selects backend=native's inner attention; backend=hf_v5 runs HF attention through "
-                f"torchtitan's flex path ({used} on {device.type}: causal SDPA on CPU, FlexAttention elsewhere). "
+                f"torchtitan's flex path ({used} on {device.type}: causal SDPA on CPU and Neuron, FlexAttention on CUDA). "
                 "Leave model.attention=auto.",
             )
         if arch.tie_embeddings and (cfg.parallelism.tp != 1 or cfg.parallelism.pp != 1):
@@ -225,10 +259,11 @@ class HfV5Backend(Backend):
             "hf_model": cfg.model.hf_model or "(built from the model group)",
             "hf_architecture": hf_architecture_name(arch),
             "hf_config_dir": hf_config_dir(cfg, arch),
-            "hf_attention": CPU_ATTENTION if device.type == "cpu" else TITAN_ATTENTION,
+            "hf_attention": SDPA_ATTENTION if runs_sdpa(device) else TITAN_ATTENTION,
             **({"hf_experts_implementation": self.config.hf_experts_implementation or "grouped_mm"} if arch.is_moe else {}),
+            **(moe_token_groups(arch, device)),
         }
 
     def prepare_process(self, cfg: RunConfig, device: DeviceSpec) -> None:
-        if device.type == "cpu":
-            use_causal_sdpa_attention_on_cpu()
+        if runs_sdpa(device):
+            use_causal_sdpa_attention()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from qwen3_trn.backends.aligned_experts import TokenGroupAlignment, moe_token_groups, token_group_alignment
 from qwen3_trn.backends.base import Backend
 from qwen3_trn.config.schema import NativeBackendConfig, RunConfig
 from qwen3_trn.devices import DeviceSpec
@@ -17,4 +20,9 @@ class NativeBackend(Backend):
 
     def model_spec(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> ModelSpec:
         attention = resolve_attention(cfg.model.attention, device.default_attention)
-        return native_model_spec(cfg.model.flavor, arch, inner_attention_config(attention))
+        alignment = token_group_alignment(device.type)
+        converters = [TokenGroupAlignment.Config(alignment=alignment)] if arch.is_moe and alignment else []
+        return native_model_spec(cfg.model.flavor, arch, inner_attention_config(attention), converters=converters)
+
+    def run_info(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> dict[str, Any]:
+        return moe_token_groups(arch, device)

@@ -9,11 +9,12 @@ torchtitan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
 from qwen3_trn.local_tensors import local_tensor
+from qwen3_trn.models.qwen3 import init_fields, replace_grouped_experts
 from qwen3_trn.titan import GroupedExperts, ModelConfigConverter, Module
 
 from . import nki_moe  # noqa: F401  (registers the nki kernel; imports no Neuron module)
@@ -88,25 +89,19 @@ def use_kernel_experts(model_config: Module.Config, *, kernel: str = "auto") -> 
     are refused rather than silently replaced. Returns the (possibly new root) config.
     """
     KERNELS.validate_request(MOE_SWIGLU_EXPERTS.name, kernel)
-    for fqn, config, parent, attr in list(model_config.traverse(GroupedExperts.Config)):
+
+    def with_kernel(fqn: str, config: GroupedExperts.Config) -> Module.Config:
         if isinstance(config, KernelGroupedExperts.Config):
-            new_config = config
-            new_config.kernel = kernel
-        elif type(config) is GroupedExperts.Config:
-            values = {f.name: getattr(config, f.name) for f in fields(config) if f.init}
-            new_config = KernelGroupedExperts.Config(**values, kernel=kernel)
-        else:
-            raise ValueError(
-                f"{fqn or 'model'}: {type(config).__qualname__} is a GroupedExperts variant with its own "
-                "expert computation; kernel experts replace only plain GroupedExperts"
-            )
-        if parent is None:
-            model_config = new_config
-        elif isinstance(parent, list):
-            parent[attr] = new_config
-        else:
-            setattr(parent, attr, new_config)
-    return model_config
+            config.kernel = kernel
+            return config
+        if type(config) is GroupedExperts.Config:
+            return KernelGroupedExperts.Config(**init_fields(config), kernel=kernel)
+        raise ValueError(
+            f"{fqn or 'model'}: {type(config).__qualname__} is a GroupedExperts variant with its own "
+            "expert computation; kernel experts replace only plain GroupedExperts"
+        )
+
+    return replace_grouped_experts(model_config, with_kernel)
 
 
 class KernelExpertsConverter(ModelConfigConverter):

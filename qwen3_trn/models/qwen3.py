@@ -8,10 +8,12 @@ layers identical to torchtitan's own flavors when no override is given.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable
 
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.titan import (
     CosSinRoPE,
+    GroupedExperts,
     ModelConfigConverter,
     ModelSpec,
     Module,
@@ -74,3 +76,22 @@ def native_model_spec(
     for converter in converters or []:
         config = converter.build().convert(config)
     return dataclasses.replace(spec, model=config)
+
+
+def replace_grouped_experts(model_config: Module.Config, replace: Callable[[str, GroupedExperts.Config], Module.Config]) -> Module.Config:
+    """Every ``GroupedExperts.Config`` (subclasses too) in ``model_config`` replaced by
+    ``replace(fqn, config)``; returns the (possibly new) root config."""
+    for fqn, config, parent, attr in list(model_config.traverse(GroupedExperts.Config)):
+        new_config = replace(fqn, config)
+        if parent is None:
+            model_config = new_config
+        elif isinstance(parent, list):
+            parent[attr] = new_config
+        else:
+            setattr(parent, attr, new_config)
+    return model_config
+
+
+def init_fields(config: Any) -> dict[str, Any]:
+    """A dataclass config's constructor arguments, to rebuild it as a subclass's config."""
+    return {field.name: getattr(config, field.name) for field in dataclasses.fields(config) if field.init}

@@ -1,0 +1,93 @@
+"""torchtitan's expert MLP with every expert's token group padded to an aligned row count.
+
+On Neuron, ``aten::_grouped_mm`` needs group offsets that are sorted multiples of 128 and a row
+count divisible by 128 (torch-neuronx, ``torch_neuronx/python_ops/grouped_mm.py``:
+``validate_offs``, for both the 2D x 3D forward and the 2D x 2D weight gradient; its compiled
+decomposition assumes the same blocks). torchtitan's ``GroupedExperts`` passes the raw routed
+counts. ``AlignedGroupedExperts`` lays each expert's rows into blocks of ``token_group_alignment``
+rows (zero rows as padding, a static number of blocks: ``kernels.layouts``), runs
+``GroupedExperts``' own math on the blocks and takes the rows back out, so the parameters, their
+initialisation and sharding, and the expert math are torchtitan's. Zero padding rows add nothing
+to outputs or weight gradients.
+
+It replaces plain ``GroupedExperts`` configs through torchtitan's model-config converter
+(``TokenGroupAlignment``) in backend=native, and in the torchtitan MoE that backend=hf_v5 swaps
+into the HF model (``align_token_groups``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from qwen3_trn.devices import DeviceSpec
+from qwen3_trn.kernels.layouts import blockwise_routing, hidden_with_padding_row, padded_group_sizes, rows_from_blocks
+from qwen3_trn.kernels.moe import GROUPED_MM_TOKEN_ALIGNMENT
+from qwen3_trn.models.architecture import Qwen3Architecture
+from qwen3_trn.models.qwen3 import init_fields, replace_grouped_experts
+from qwen3_trn.titan import GroupedExperts, ModelConfigConverter, Module
+
+__all__ = ["AlignedGroupedExperts", "TokenGroupAlignment", "align_token_groups", "moe_token_groups", "token_group_alignment"]
+
+
+def token_group_alignment(device_type: str) -> int | None:
+    """Rows each expert's token group is padded to on this device (None: the raw counts do)."""
+    return GROUPED_MM_TOKEN_ALIGNMENT.get(device_type)
+
+
+def moe_token_groups(arch: Qwen3Architecture, device: DeviceSpec) -> dict[str, str]:
+    """What a run records, and mode=plan shows, of the expert token groups' alignment."""
+    alignment = token_group_alignment(device.type)
+    if not arch.is_moe or not alignment:
+        return {}
+    return {
+        "moe_token_groups": f"each expert's rows padded to a multiple of {alignment} "
+        f"(aten::_grouped_mm on {device.type} needs aligned group offsets)"
+    }
+
+
+class AlignedGroupedExperts(GroupedExperts):
+    """``GroupedExperts`` whose grouped matmuls see token groups of a multiple of
+    ``token_group_alignment`` rows each."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(GroupedExperts.Config):
+        token_group_alignment: int = 128
+
+    def __init__(self, config: Config):
+        super().__init__(config)
+        self.token_group_alignment = config.token_group_alignment
+
+    def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
+        routing = blockwise_routing(num_tokens_per_expert_E, num_rows=x_RD.shape[0], block_size=self.token_group_alignment)
+        x_blocks = hidden_with_padding_row(x_RD).index_select(0, routing.token_position_to_id)
+        out_blocks = super().forward(x_blocks, padded_group_sizes(routing, num_tokens_per_expert_E.shape[0]))
+        return rows_from_blocks(out_blocks, routing)
+
+
+def align_token_groups(model_config: Module.Config, alignment: int) -> Module.Config:
+    """Every plain ``GroupedExperts.Config`` in ``model_config`` replaced by an
+    ``AlignedGroupedExperts.Config`` with the same fields; returns the (possibly new root) config.
+    Other ``GroupedExperts`` variants bring their own expert computation and are kept."""
+
+    def aligned(_fqn: str, config: GroupedExperts.Config) -> Module.Config:
+        if type(config) is not GroupedExperts.Config:
+            return config
+        return AlignedGroupedExperts.Config(**init_fields(config), token_group_alignment=alignment)
+
+    return replace_grouped_experts(model_config, aligned)
+
+
+class TokenGroupAlignment(ModelConfigConverter):
+    """Model-config converter: ``converters=[TokenGroupAlignment.Config(alignment=128)]``."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(ModelConfigConverter.Config):
+        alignment: int = 128
+
+    def __init__(self, config: Config):
+        self.config = config
+
+    def convert(self, model_config: Module.Config) -> Module.Config:
+        return align_token_groups(model_config, self.config.alignment)
