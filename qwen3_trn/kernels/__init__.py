@@ -28,8 +28,8 @@ from .layouts import (
     TokenGroupPlan,
     check_token_group_alignment,
 )
-from .moe import MOE_SWIGLU_EXPERTS, moe_swiglu_experts
-from .nki_moe import check_nki_moe_shapes, probe_nki
+from .moe import MOE_SWIGLU_EXPERTS, moe_problem, moe_swiglu_experts
+from .nki_moe import check_nki_moe_shapes, logical_neuron_cores, probe_nki
 from .registry import (
     KERNELS,
     KernelChoice,
@@ -56,6 +56,8 @@ __all__ = [
     "check_nki_moe_shapes",
     "check_token_group_alignment",
     "declare_op",
+    "logical_neuron_cores",
+    "moe_problem",
     "moe_swiglu_experts",
     "probe_nki",
     "register_kernel",

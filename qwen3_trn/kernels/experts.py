@@ -36,15 +36,18 @@ def resolved_kernel_name(
     dim: int | None = None,
     hidden_dim: int | None = None,
     num_experts: int | None = None,
+    **known: int,
 ) -> str:
     """The implementation ``backend.kernels=<kernel>`` runs on ``device_type`` (for run summaries).
 
-    Pass the expert shapes to apply kernels' shape constraints exactly as the model will.
+    Pass one rank's expert shapes (and what else is known of a call, ``tokens``,
+    ``logical_cores``: see :func:`~qwen3_trn.kernels.moe.moe_problem`) to apply kernels' shape
+    limits exactly as the model will.
     Raises :class:`~qwen3_trn.kernels.registry.KernelUnavailableError` where the model would.
     """
     problem = None
     if dim is not None and hidden_dim is not None and num_experts is not None:
-        problem = moe_problem(dim=dim, hidden_dim=hidden_dim, num_experts=num_experts)
+        problem = moe_problem(dim=dim, hidden_dim=hidden_dim, num_experts=num_experts, **known)
     return KERNELS.select_kernel(MOE_SWIGLU_EXPERTS.name, kernel, device_type, problem).impl_name
 
 

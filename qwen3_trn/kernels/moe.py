@@ -135,9 +135,10 @@ MOE_SWIGLU_EXPERTS_BACKWARD = declare_op(
 )
 
 
-def moe_problem(*, dim: int, hidden_dim: int, num_experts: int) -> dict[str, int]:
-    """The shape description kernels' shape checks receive."""
-    return {"dim": dim, "hidden_dim": hidden_dim, "num_experts": num_experts}
+def moe_problem(*, dim: int, hidden_dim: int, num_experts: int, **known: int) -> dict[str, int]:
+    """The shape description kernels' shape checks receive: one rank's expert weights, and what
+    else is known before a call (``tokens``: rows per call, ``logical_cores``)."""
+    return {"dim": dim, "hidden_dim": hidden_dim, "num_experts": num_experts, **known}
 
 
 def moe_swiglu_experts(

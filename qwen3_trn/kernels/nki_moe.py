@@ -14,22 +14,31 @@ APIs used (all imported lazily):
   function body below must only do static-shape work. Autograd is attached with
   ``op.register_autograd(...)`` by the registry, using the shared formula of
   :mod:`qwen3_trn.kernels.moe`.
-* ``torch_neuronx.wrap_nki(kernel)[grid](*args)``: launches an ``@nki.jit`` kernel on Neuron
-  tensors; the grid is the logical NeuronCore count (LNC).
-* ``nkilib.core.moe.moe_cte.moe_cte`` (forward, ``shard_on_i`` with ``checkpoint_activation``,
-  which returns ``(output, gate_up_activations_T [N, 2, I, B], down_activations [N, B, H])``)
-  and ``nkilib.experimental.moe.bwd.blockwise_mm_backward.blockwise_mm_bwd`` (backward,
-  returns ``(hidden_grad, affinity_grad, gate_up_grad, down_grad)``).
+* ``torch_neuronx.wrap_nki(kernel)[grid](**args)``: launches an ``@nki.jit`` kernel on Neuron
+  tensors; the grid is a tuple, ``(LNC,)``, the logical NeuronCore count. Non-tensor arguments
+  are the kernel's constants and must be hashable. Launchers are built once per kernel and LNC.
+* nki-library's forward: the kernel moe_cte's ``shard_on_i`` branch runs,
+  ``nkilib.core.moe.moe_cte.bwmm_shard_on_I.blockwise_mm_baseline_shard_intermediate``, called
+  with the fields of moe_cte's spec (``checkpoint_activation=True``,
+  ``expert_affinity_multiply_on_I=False``, POST_SCALE): it returns ``(output,
+  gate_up_activations_T [N, 2, I, B], down_activations [N, B, H])``. The backward:
+  ``nkilib.experimental.moe.bwd.blockwise_mm_backward.blockwise_mm_bwd``, which returns
+  ``(hidden_grad, affinity_grad, gate_up_grad, down_grad)``.
   ``nkilib.core.moe.moe_cte.moe_cte_torch.moe_cte_torch_ref`` is nki-library's own torch
   reference of the forward.
+
+:func:`probe_nki` imports each of these names and checks the kernels' signatures;
+:data:`NKI_KERNEL_LIMITS` are the kernels' shape limits, each with the source file that sets it.
 
 Routed rows are passed as the kernel's "tokens" with affinity 1 for their own expert, so the
 kernel computes torchtitan's per-row expert MLP; see :mod:`qwen3_trn.kernels.layouts`.
 """
 
+import functools
 import importlib
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -53,10 +62,14 @@ from .registry import OpDeclaration, register_kernel
 
 __all__ = [
     "NKI_BLOCK_SIZE",
-    "NKI_REQUIRED_MODULES",
+    "NKI_IMPORTS",
+    "NKI_KERNEL_LIMITS",
+    "NkiKernelLimit",
+    "NkiMoeShape",
     "blockwise_moe_backward_reference",
     "blockwise_moe_reference",
     "check_nki_moe_shapes",
+    "logical_neuron_cores",
     "nki_moe_backward_with",
     "nki_moe_forward_with",
     "probe_nki",
@@ -65,37 +78,201 @@ __all__ = [
 # Tokens per block. moe_cte's shard_on_i needs a multiple of 256; blockwise_mm_bwd accepts
 # 128/256/512/1024. 256 is the smallest size both accept.
 NKI_BLOCK_SIZE = 256
-NKI_REQUIRED_MODULES = ("torch_neuronx", "nki", "nkilib")
+LOGICAL_CORES_ENV = "NEURON_LOGICAL_NC_CONFIG"
+DEFAULT_LOGICAL_CORES = 2  # trn2's default LNC
 _INSTALL_HINT = (
     "The nki kernel needs a Trainium host with the AWS Neuron SDK: torch-neuronx (which brings "
-    "nki) and nki-library (nkilib). Install them from the Neuron pip repository, or use "
-    "backend.kernels=portable (or backend.kernels=auto) to run a portable kernel."
+    "nki) and an nki-library (nkilib) that has the kernels named here; the copy bundled with "
+    "neuronx-cc may lag the repository (github.com/aws-neuron/nki-library). Install a matching "
+    "one, or use backend.kernels=portable (or backend.kernels=auto) to run a portable kernel."
 )
 
 
-def probe_nki() -> str | None:
-    """None when the NKI stack imports, else which import failed and how to fix it."""
-    for module in NKI_REQUIRED_MODULES:
-        try:
-            importlib.import_module(module)
-        except Exception as exc:  # noqa: BLE001 - any import failure makes NKI unusable
-            return f"import {module} failed ({type(exc).__name__}: {exc}). {_INSTALL_HINT}"
+# --------------------------------------------------------------------------- what the launches call
+@dataclass(frozen=True)
+class NkiKernelCall:
+    """An nki-library kernel the launches call, and the arguments they pass it by name.
+
+    torch-neuronx's ``NKIHOPCaller.__call__`` (torch_neuronx/nki_hop.py) keeps only the
+    arguments named in the kernel's signature (``kernel.sign``), so a name the kernel lacks
+    would be dropped without a word: :func:`probe_nki` checks every name here.
+    """
+
+    module: str
+    name: str
+    arguments: tuple[str, ...]
+
+
+_ROUTING_ARGS = ("hidden_states", "expert_affinities_masked", "gate_up_proj_weight", "down_proj_weight")
+_BLOCK_ARGS = ("token_position_to_id", "block_to_expert", "block_size")
+# moe_cte's shard_on_i branch (nkilib/core/moe/moe_cte/moe_cte.py) calls this kernel with the
+# fields of its MoECTESpec. The spec itself is a mutable dataclass, unhashable, and
+# torch-neuronx refuses unhashable constants (nki_kernel.py, _return_shape_dtype_or_hashable),
+# so the launch passes the fields: bools and an enum, all hashable.
+FORWARD_KERNEL = NkiKernelCall(
+    "nkilib.core.moe.moe_cte.bwmm_shard_on_I",
+    "blockwise_mm_baseline_shard_intermediate",
+    (
+        *_ROUTING_ARGS,
+        *_BLOCK_ARGS,
+        "checkpoint_activation",
+        "expert_affinity_multiply_on_I",
+        "expert_affinities_scaling_mode",
+    ),
+)
+BACKWARD_KERNEL = NkiKernelCall(
+    "nkilib.experimental.moe.bwd.blockwise_mm_backward",
+    "blockwise_mm_bwd",
+    (
+        *_ROUTING_ARGS,
+        "gate_up_proj_act_checkpoint_T",
+        "down_proj_act_checkpoint",
+        "token_position_to_id",
+        "block_to_expert",
+        "output_hidden_states_grad",
+        "block_size",
+    ),
+)
+# moe_cte's default scaling mode; the shard_on_i kernel's own default is PRE_SCALE.
+POST_SCALE = ("nkilib.core.utils.common_types", "ExpertAffinityScaleMode.POST_SCALE")
+# Everything the launches and the operator factory use, as (module, attribute path).
+NKI_IMPORTS: tuple[tuple[str, str], ...] = (
+    ("torch_neuronx", "nki_op"),
+    ("torch_neuronx", "wrap_nki"),
+    POST_SCALE,
+    (FORWARD_KERNEL.module, FORWARD_KERNEL.name),
+    (BACKWARD_KERNEL.module, BACKWARD_KERNEL.name),
+)
+
+
+def _resolve(module: str, path: str) -> Any:
+    found = importlib.import_module(module)
+    for attribute in path.split("."):
+        found = getattr(found, attribute)
+    return found
+
+
+def _missing_arguments(kernel: Any, call: NkiKernelCall) -> str | None:
+    """Why ``wrap_nki`` could not pass ``call.arguments`` to ``kernel``, if it could not."""
+    signature = getattr(kernel, "sign", None)  # what wrap_nki reads (torch_neuronx/nki_hop.py)
+    if signature is None:
+        return f"{call.module}.{call.name} has no .sign, so it is not an NKI kernel torch_neuronx.wrap_nki can launch"
+    missing = [name for name in call.arguments if name not in signature.parameters]
+    if missing:
+        return f"{call.module}.{call.name} takes no argument(s) {', '.join(missing)}: this nki-library has another version of the kernel"
     return None
 
 
-def check_nki_moe_shapes(problem: Mapping[str, int]) -> str | None:
-    """The shape constraints documented by moe_cte (shard_on_i) and blockwise_mm_bwd.
+def probe_nki() -> str | None:
+    """None when everything the nki launches call imports, else what is missing and how to fix it."""
+    for module, path in NKI_IMPORTS:
+        try:
+            _resolve(module, path)
+        except Exception as exc:  # noqa: BLE001 - any import failure makes NKI unusable
+            return f"{module}.{path} cannot be used ({type(exc).__name__}: {exc}). {_INSTALL_HINT}"
+    for call in (FORWARD_KERNEL, BACKWARD_KERNEL):
+        reason = _missing_arguments(_resolve(call.module, call.name), call)
+        if reason is not None:
+            return f"{reason}. {_INSTALL_HINT}"
+    return None
 
-    H (= dim) in [512, 8192] and a multiple of 512 (forward); I (= hidden_dim) a multiple of 16
-    (forward) whose half over 2 logical cores stays a multiple of 32 (backward DMA transpose).
+
+# --------------------------------------------------------------------------- kernel limits
+@dataclass(frozen=True)
+class NkiMoeShape:
+    """What the kernels see on one rank: local (EP/TP-sharded) expert weights, the logical
+    NeuronCores a launch spans (its grid), and, where known before the run, the rows of a call."""
+
+    dim: int  # H
+    hidden_dim: int  # I (I_TP: after tensor parallel)
+    num_experts: int  # E on this rank (after expert parallel)
+    logical_cores: int = DEFAULT_LOGICAL_CORES
+    tokens: int | None = None  # T: rows per call (every routed row is one kernel token)
+    block_size: int = NKI_BLOCK_SIZE
+
+
+@dataclass(frozen=True)
+class NkiKernelLimit:
+    """One limit of the nki-library kernels, and the file of aws-neuron/nki-library that sets it."""
+
+    holds: Callable[[NkiMoeShape], bool]
+    says: Callable[[NkiMoeShape], str]
+    source: str
+
+
+_SHARD_ON_I = "nkilib/core/moe/moe_cte/bwmm_shard_on_I.py"
+_BWD_PARAMETERS = "nkilib/experimental/moe/bwd/moe_bwd_parameters.py"
+# Limits implied by others (the backward's H % 2 and I_TP % 2) are not repeated.
+NKI_KERNEL_LIMITS: tuple[NkiKernelLimit, ...] = (
+    NkiKernelLimit(
+        lambda s: s.block_size in (128, 256, 512, 1024),
+        lambda s: f"block size {s.block_size} must be 128, 256, 512 or 1024",
+        f"{_BWD_PARAMETERS} (MOEBwdParameters.validate)",
+    ),
+    NkiKernelLimit(
+        lambda s: s.block_size % 256 == 0,
+        lambda s: f"block size {s.block_size} must be a multiple of 256",
+        f"{_SHARD_ON_I} (check_blockwise_mm_shard_I_kernel_compatibility)",
+    ),
+    NkiKernelLimit(
+        lambda s: 512 <= s.dim <= 8192 and s.dim % 512 == 0,
+        lambda s: f"dim (H) = {s.dim} must be a multiple of 512 in [512, 8192]",
+        f"{_SHARD_ON_I} (check_blockwise_mm_shard_I_kernel_compatibility)",
+    ),
+    NkiKernelLimit(
+        lambda s: s.hidden_dim % 16 == 0,
+        lambda s: f"expert hidden_dim (I) on a rank = {s.hidden_dim} must be a multiple of 16",
+        f"{_SHARD_ON_I} (check_blockwise_mm_shard_I_kernel_compatibility)",
+    ),
+    NkiKernelLimit(
+        lambda s: s.logical_cores in (1, 2),
+        lambda s: f"{LOGICAL_CORES_ENV}={s.logical_cores}: the kernels run on 1 or 2 logical NeuronCores",
+        f"{_SHARD_ON_I} (NUM_SHARDS 1 or 2, else 'unsupported NUM_SHARDS')",
+    ),
+    NkiKernelLimit(
+        lambda s: s.dim % s.logical_cores == 0 and (s.dim // s.logical_cores) % 32 == 0,
+        lambda s: f"dim (H) = {s.dim} over {s.logical_cores} logical core(s) must be a multiple of 32",
+        f"{_BWD_PARAMETERS} (MOEBwdParameters.validate_sharding)",
+    ),
+    NkiKernelLimit(
+        lambda s: (s.hidden_dim // s.logical_cores) % 32 == 0,
+        lambda s: f"expert hidden_dim (I) on a rank = {s.hidden_dim} over {s.logical_cores} logical core(s) must be a multiple of 32",
+        f"{_BWD_PARAMETERS} (MOEBwdParameters.validate_sharding)",
+    ),
+    NkiKernelLimit(
+        lambda s: 8 <= s.num_experts <= 64,
+        lambda s: f"{s.num_experts} expert(s) per rank is outside the kernel's documented 8-64",
+        f"{_SHARD_ON_I} (blockwise_mm_baseline_shard_intermediate, Intended Usage)",
+    ),
+    NkiKernelLimit(
+        lambda s: s.tokens is None or s.tokens <= 32 * 1024,
+        lambda s: f"up to {s.tokens} rows per call is above the kernel's documented 32K tokens per call",
+        f"{_SHARD_ON_I} (blockwise_mm_baseline_shard_intermediate, Intended Usage)",
+    ),
+)
+
+
+def logical_neuron_cores(env: Mapping[str, str] | None = None) -> int:
+    """LNC of the ranks: ``NEURON_LOGICAL_NC_CONFIG`` from ``env``, else this process's, else trn2's 2."""
+    value = (env or {}).get(LOGICAL_CORES_ENV) or os.environ.get(LOGICAL_CORES_ENV) or DEFAULT_LOGICAL_CORES
+    return int(value)
+
+
+def check_nki_moe_shapes(problem: Mapping[str, int]) -> str | None:
+    """Every limit of moe_cte's shard_on_i kernel and blockwise_mm_bwd that ``problem`` breaks.
+
+    ``problem``: ``dim``, ``hidden_dim``, ``num_experts`` (local to a rank), and optionally
+    ``logical_cores`` (default: this process's LNC) and ``tokens`` (rows per call).
     """
-    dim, hidden_dim = problem["dim"], problem["hidden_dim"]
-    failures = []
-    if not (512 <= dim <= 8192 and dim % 512 == 0):
-        failures.append(f"dim={dim} must be a multiple of 512 in [512, 8192]")
-    if hidden_dim % 64:
-        failures.append(f"hidden_dim={hidden_dim} must be a multiple of 64")
-    return "; ".join(failures) or None
+    shape = NkiMoeShape(
+        dim=problem["dim"],
+        hidden_dim=problem["hidden_dim"],
+        num_experts=problem["num_experts"],
+        logical_cores=problem.get("logical_cores") or _logical_neuron_cores(),
+        tokens=problem.get("tokens"),
+    )
+    broken = [f"{limit.says(shape)} ({limit.source})" for limit in NKI_KERNEL_LIMITS if not limit.holds(shape)]
+    return "; ".join(broken) or None
 
 
 # --------------------------------------------------------------------------- plumbing
@@ -174,55 +351,37 @@ def _logical_neuron_cores() -> int:
     try:
         from torch_neuronx.utils import get_logical_neuron_cores
     except ImportError:
-        return int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
+        return logical_neuron_cores()
     return int(get_logical_neuron_cores())
 
 
-# Positional order of the kernels' documented signatures.
-_MOE_CTE_ARGS = (
-    "hidden_states",
-    "expert_affinities_masked",
-    "gate_up_proj_weight",
-    "down_proj_weight",
-    "token_position_to_id",
-    "block_to_expert",
-    "block_size",
-)
-_BLOCKWISE_MM_BWD_ARGS = (
-    "hidden_states",
-    "expert_affinities_masked",
-    "gate_up_proj_weight",
-    "down_proj_weight",
-    "gate_up_proj_act_checkpoint_T",
-    "down_proj_act_checkpoint",
-    "token_position_to_id",
-    "block_to_expert",
-    "output_hidden_states_grad",
-    "block_size",
-)
+@functools.cache
+def _launcher(call: NkiKernelCall, logical_cores: int) -> Any:
+    """``wrap_nki(kernel)[grid]``, built once per kernel and LNC: wrap_nki traces and registers
+    the kernel each time it is called. The grid is a tuple, as ``NKIHOPCaller.__getitem__``
+    (torch_neuronx/nki_hop.py) takes it."""
+    wrap_nki = _resolve("torch_neuronx", "wrap_nki")
+    return wrap_nki(_resolve(call.module, call.name))[(logical_cores,)]
+
+
+def _launch(call: NkiKernelCall, kernel_args: Mapping[str, Any]) -> Any:
+    return _launcher(call, _logical_neuron_cores())(**{name: kernel_args[name] for name in call.arguments})
 
 
 def _launch_moe_cte(**kernel_args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """UNTESTED ON HARDWARE: nki-library moe_cte, shard_on_i, with activation checkpoints."""
-    from nkilib.core.moe.moe_cte.moe_cte import MoECTEImplementation, MoECTESpec, ShardOnIConfig, moe_cte
-    from torch_neuronx import wrap_nki
-
-    spec = MoECTESpec(
-        implementation=MoECTEImplementation.shard_on_i,
-        shard_on_I=ShardOnIConfig(checkpoint_activation=True, expert_affinity_multiply_on_I=False),
-    )
-    args = [kernel_args[name] for name in _MOE_CTE_ARGS]
-    return wrap_nki(moe_cte)[_logical_neuron_cores()](*args, spec)
+    """UNTESTED ON HARDWARE: moe_cte's shard_on_i kernel with activation checkpoints, affinity on H."""
+    constants = {
+        "checkpoint_activation": True,
+        "expert_affinity_multiply_on_I": False,
+        "expert_affinities_scaling_mode": _resolve(*POST_SCALE),
+    }
+    output, gate_up_T, down_activations = _launch(FORWARD_KERNEL, {**kernel_args, **constants})
+    return output, gate_up_T, down_activations
 
 
 def _launch_blockwise_mm_bwd(**kernel_args: Any) -> tuple[torch.Tensor, ...]:
     """UNTESTED ON HARDWARE: nki-library blockwise_mm_bwd (dropless, affinity on H)."""
-    from nkilib.experimental.moe.bwd.blockwise_mm_backward import blockwise_mm_bwd
-    from torch_neuronx import wrap_nki
-
-    args = [kernel_args[name] for name in _BLOCKWISE_MM_BWD_ARGS]
-    outputs = wrap_nki(blockwise_mm_bwd)[_logical_neuron_cores()](*args)
-    return tuple(outputs[:4])
+    return tuple(_launch(BACKWARD_KERNEL, kernel_args)[:4])
 
 
 def _nki_forward(
@@ -255,8 +414,7 @@ def nki_op_factory(qualname: str, fn: Callable[..., Any], decl: OpDeclaration) -
     ``fn``'s annotations give the schema (they match ``decl.schema``); this module avoids
     ``from __future__ import annotations`` so they are real types.
     """
-    from torch_neuronx import nki_op
-
+    nki_op = _resolve("torch_neuronx", "nki_op")
     return nki_op(qualname, mutates_args=())(fn)
 
 

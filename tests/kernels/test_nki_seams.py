@@ -1,0 +1,342 @@
+"""The nki kernel path at its seams with torch-neuronx and nki-library, on stand-ins that follow
+their sources (tests/kernels/neuron_stand_ins.py), and the project's kernel math against
+nki-library's numpy goldens."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from qwen3_trn.app import execute, to_run_config
+from qwen3_trn.errors import ConfigError
+from qwen3_trn.kernels import KERNELS, KernelGroupedExperts, layouts, nki_moe
+from qwen3_trn.kernels.nki_moe import (
+    NKI_KERNEL_LIMITS,
+    blockwise_moe_backward_reference,
+    blockwise_moe_reference,
+    check_nki_moe_shapes,
+    probe_nki,
+)
+from qwen3_trn.preflight import prepare
+from tests.conftest import compose_config, in_process
+from tests.kernels import neuron_stand_ins as stand_ins
+
+OPS = ("moe_swiglu_experts", "moe_swiglu_experts_backward")
+# One rank's experts within every kernel limit at LNC=2: H in [512, 8192] and a multiple of
+# 512, I/2 a multiple of 32, 8..64 experts.
+D, F, E = 512, 64, 8
+SEED = ["backend=nki_moe", "model=30B-A3B", "model.n_layers=4", "model.num_experts=64", "model.top_k=4", "device=neuron", "logger=none"]
+
+
+@pytest.fixture
+def neuron_stack(monkeypatch):
+    """The stand-in Neuron stack, the nki kernel's probe run afresh (it is memoized per
+    process) and its launchers rebuilt for this stack."""
+    stack = stand_ins.install(monkeypatch)
+    for op in OPS:
+        monkeypatch.setattr(KERNELS.impl(op, "nki"), "probe", probe_nki)
+    nki_moe._launcher.cache_clear()
+    yield stack
+    nki_moe._launcher.cache_clear()
+
+
+@pytest.fixture
+def nki_on_cpu(neuron_stack, monkeypatch):
+    """The nki kernel also selectable on CPU, where its stand-in launches compute."""
+    for op in OPS:
+        monkeypatch.setattr(KERNELS.impl(op, "nki"), "devices", frozenset({"neuron", "cpu"}))
+    return neuron_stack
+
+
+# --------------------------------------------------------------------------- the probe
+def test_probe_passes_where_everything_the_kernels_call_imports(neuron_stack):
+    assert probe_nki() is None
+
+
+@pytest.mark.parametrize(
+    "missing,named",
+    [
+        ("nkilib.experimental.moe.bwd.blockwise_mm_backward", "blockwise_mm_bwd"),
+        ("nkilib.core.moe.moe_cte.bwmm_shard_on_I:blockwise_mm_baseline_shard_intermediate", "blockwise_mm_baseline_shard_intermediate"),
+        ("nkilib.core.utils.common_types", "ExpertAffinityScaleMode"),
+        ("torch_neuronx:wrap_nki", "wrap_nki"),
+        ("torch_neuronx:nki_op", "nki_op"),
+    ],
+)
+def test_probe_names_what_an_nki_library_lacks(monkeypatch, missing, named):
+    stand_ins.install(monkeypatch, leave_out=(missing,))
+    reason = probe_nki()
+    assert reason is not None and named in reason and "backend.kernels=portable" in reason
+
+
+def test_probe_refuses_a_kernel_without_the_arguments_the_launch_passes(monkeypatch):
+    def older_kernel(
+        hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight, block_size, token_position_to_id, block_to_expert
+    ):
+        """bwmm_shard_on_I's kernel before activation checkpoints."""
+
+    older = stand_ins.StandInKernel(older_kernel, stand_ins.FORWARD.run, stand_ins.FORWARD.shapes)
+    stand_ins.install(monkeypatch, kernels={"forward": older})
+    reason = probe_nki()
+    assert reason is not None and "checkpoint_activation" in reason and "expert_affinities_scaling_mode" in reason
+
+
+def test_kernels_auto_falls_back_and_nki_refuses_before_any_worker(monkeypatch, neuron_stack, tmp_path):
+    stand_ins.install(monkeypatch, leave_out=("nkilib.experimental.moe.bwd.blockwise_mm_backward",))
+    prepared = prepare(to_run_config(compose_config([*SEED, "mode=plan"], tmp_path / "auto")))
+    assert prepared.trainer_config.metrics.run_info["kernel"] == "grouped_mm"
+
+    done = in_process([*SEED, "backend.kernels=nki", "mode=plan"], tmp_path / "nki")
+    assert done.returncode == 2, done.stderr
+    assert "backend.kernels:" in done.stderr and "blockwise_mm_bwd" in done.stderr
+    assert not (tmp_path / "nki").exists() or not any((tmp_path / "nki").iterdir())
+
+
+def test_kernels_auto_picks_nki_where_the_stack_and_shapes_allow(neuron_stack, tmp_path):
+    prepared = prepare(to_run_config(compose_config([*SEED, "mode=plan"], tmp_path)))
+    assert prepared.trainer_config.metrics.run_info["kernel"] == "nki"
+
+
+# --------------------------------------------------------------------------- kernel limits
+VALID = {"dim": 2048, "hidden_dim": 768, "num_experts": 64, "logical_cores": 2, "tokens": 16384}
+
+
+@pytest.mark.parametrize(
+    "change,words",
+    [
+        ({"dim": 256}, "dim (H) = 256"),
+        ({"dim": 8704}, "dim (H) = 8704"),
+        ({"dim": 2560 + 256}, "multiple of 512"),
+        ({"hidden_dim": 776}, "multiple of 16"),
+        ({"hidden_dim": 784}, "over 2 logical core(s) must be a multiple of 32"),
+        ({"logical_cores": 4}, "NEURON_LOGICAL_NC_CONFIG=4"),
+        ({"num_experts": 4}, "documented 8-64"),
+        ({"num_experts": 128}, "documented 8-64"),
+        ({"tokens": 32 * 1024 + 1}, "32K tokens per call"),
+    ],
+)
+def test_each_kernel_limit_is_checked_with_its_source(change, words):
+    assert check_nki_moe_shapes(VALID) is None
+    reason = check_nki_moe_shapes({**VALID, **change})
+    assert reason is not None and words in reason and "nkilib/" in reason
+
+
+def test_block_size_limits_come_from_both_kernels():
+    sources = {limit.source.split(" ")[0] for limit in NKI_KERNEL_LIMITS}
+    assert sources == {"nkilib/core/moe/moe_cte/bwmm_shard_on_I.py", "nkilib/experimental/moe/bwd/moe_bwd_parameters.py"}
+    for block, holds in ((128, False), (256, True), (512, True), (1024, True), (768, False), (2048, False)):
+        shape = nki_moe.NkiMoeShape(dim=2048, hidden_dim=768, num_experts=64, block_size=block)
+        assert all(limit.holds(shape) for limit in NKI_KERNEL_LIMITS) == holds, block
+
+
+@pytest.mark.parametrize(
+    "degrees,words",
+    [
+        (["parallelism.tp=8", "parallelism.dp_shard=8"], "hidden_dim (I) on a rank = 96"),
+        (["parallelism.ep=16", "parallelism.dp_shard=64"], "4 expert(s) per rank"),
+        (["training.seq_len=2048", "training.local_batch_size=8"], "65536 rows per call"),
+    ],
+)
+def test_plan_checks_the_limits_on_one_ranks_shapes(neuron_stack, tmp_path, degrees, words):
+    """The seed's shapes pass globally; sharded or batched like this one rank's call breaks a limit."""
+    overrides = [*SEED, "backend.kernels=nki", "mode=plan", "launcher.nproc_per_node=64", *degrees]
+    with pytest.raises(ConfigError) as info:
+        execute(compose_config(overrides, tmp_path / "run"))
+    assert info.value.key == "backend.kernels" and words in str(info.value), str(info.value)
+
+
+def test_plan_exits_2_with_one_paragraph_naming_the_limit(neuron_stack, tmp_path):
+    done = in_process([*SEED, "backend.kernels=nki", "mode=plan", "launcher.nproc_per_node=64", "parallelism.ep=16"], tmp_path / "run")
+    assert done.returncode == 2, done.stderr
+    assert "backend.kernels: with tp=1, cp=1, ep=16" in done.stderr and "bwmm_shard_on_I.py" in done.stderr
+
+
+# --------------------------------------------------------------------------- launches
+def _inputs(rows_per_expert=(5, 0, 9, 3, 0, 7, 1, 2), seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    counts = torch.tensor(rows_per_expert)
+    rows = int(counts.sum())
+    x = torch.randn(rows, D, generator=generator)
+    weights = [torch.randn(*shape, generator=generator) * 0.05 for shape in ((E, F, D), (E, D, F), (E, F, D))]
+    return x, weights, counts
+
+
+def test_launches_pass_a_tuple_grid_and_hashable_constants_to_launchers_built_once(nki_on_cpu):
+    x, weights, counts = _inputs()
+    op = KERNELS.op_overload("moe_swiglu_experts", "nki")
+    backward = KERNELS.op_overload("moe_swiglu_experts_backward", "nki")
+    for _ in range(2):
+        out, gate, up = op(x, *weights, counts)
+        backward(torch.ones_like(out), x, *weights, counts, gate, up, out)
+    assert nki_on_cpu.wraps == ["blockwise_mm_baseline_shard_intermediate", "blockwise_mm_bwd"]
+    assert {grid for _, grid in nki_on_cpu.launches} == {(stand_ins.LNC,)}
+    want = KERNELS.op_overload("moe_swiglu_experts", "per_expert_mm")(x, *weights, counts)
+    for got, expected in zip((out, gate, up), want):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_nki_operators_pass_opcheck(nki_on_cpu):
+    x, weights, counts = _inputs()
+    out, gate, up = KERNELS.op_overload("moe_swiglu_experts", "nki")(x, *weights, counts)
+    for op, args in (
+        (KERNELS.op_overload("moe_swiglu_experts", "nki"), (x, *weights, counts)),
+        (KERNELS.op_overload("moe_swiglu_experts_backward", "nki"), (torch.randn_like(out), x, *weights, counts, gate, up, out)),
+    ):
+        torch.library.opcheck(op, args)
+
+
+def test_expert_module_compiles_fullgraph_forward_and_backward(nki_on_cpu):
+    x, weights, counts = _inputs()
+    module = KernelGroupedExperts(KernelGroupedExperts.Config(dim=D, hidden_dim=F, num_experts=E, kernel="nki"))
+    with torch.no_grad():
+        for param, weight in zip((module.w1_EFD, module.w2_EDF, module.w3_EFD), weights):
+            param.copy_(weight)
+    grad = torch.randn(x.shape[0], D)
+
+    def step(fn):
+        module.zero_grad(set_to_none=True)
+        rows = x.clone().requires_grad_()
+        fn(rows, counts).backward(grad)
+        return [rows.grad, *(p.grad for p in (module.w1_EFD, module.w2_EDF, module.w3_EFD))]
+
+    eager = step(module)
+    torch._dynamo.reset()
+    nki_on_cpu.launches.clear()
+    compiled = step(torch.compile(module, backend="aot_eager", fullgraph=True))
+    for got, want in zip(compiled, eager):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert {name for name, _ in nki_on_cpu.launches} == {"blockwise_mm_baseline_shard_intermediate", "blockwise_mm_bwd"}
+
+
+# --------------------------------------------------------------------------- goldens
+# nki-library test/integration/nkilib/experimental/moe/test_bwmm_bwd_common.py: the numpy goldens
+# of the forward with activation checkpoints (_generate_fwd_golden, SiLU, no bias, no clamps,
+# tokens not skipped) and of blockwise_mm_bwd (_generate_bwd_golden), rewritten here from it.
+def expit(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def _silu(x):
+    return x * expit(x)
+
+
+def golden_forward(hidden, affinities, gate_up_w, down_w, token_position_to_id, block_to_expert, block):
+    rows_plus_one, dim = hidden.shape
+    experts, _, _, inter = gate_up_w.shape
+    blocks = block_to_expert.shape[0]
+    positions = token_position_to_id.reshape(blocks, block)
+    output = np.zeros((rows_plus_one, dim), dtype=np.float32)
+    gate_up_T = np.zeros((blocks, 2, inter, block), dtype=np.float32)
+    down = np.zeros((blocks, block, dim), dtype=np.float32)
+    weights = gate_up_w.reshape(experts, dim, 2 * inter)
+    for b in range(blocks):
+        ids, expert = positions[b], int(block_to_expert[b])
+        projected = (hidden[ids] @ weights[expert]).reshape(block, 2, inter)
+        gate_up_T[b] = projected.transpose(1, 2, 0)
+        down[b] = (_silu(projected[:, 0]) * projected[:, 1]) @ down_w[expert]
+        output[ids] += down[b] * affinities[ids, expert][:, None]
+    return output, gate_up_T, down
+
+
+def golden_backward(grad_out, hidden, affinities, gate_up_w, down_w, gate_up_T, down, token_position_to_id, block_to_expert, block):
+    experts, inter, dim = down_w.shape
+    blocks = block_to_expert.shape[0]
+    positions = token_position_to_id.reshape(blocks, block)
+    hidden_grad, affinity_grad = np.zeros_like(hidden), np.zeros_like(affinities)
+    gate_up_grad, down_grad = np.zeros_like(gate_up_w), np.zeros_like(down_w)
+    for b in range(blocks):
+        ids, expert = positions[b], int(block_to_expert[b])
+        upstream = grad_out[ids]
+        affinity_grad[ids, expert] = np.sum(upstream * down[b], axis=1)
+        down_out_grad = upstream * affinities[ids, expert][:, None]
+        gate, up = gate_up_T[b][0].T, gate_up_T[b][1].T
+        down_grad[expert] += (_silu(gate) * up).T @ down_out_grad
+        h_grad = down_out_grad @ down_w[expert].T
+        gate_grad = h_grad * up * expit(gate) * (1 + gate * (1 - expit(gate)))
+        both = np.concatenate([gate_grad, h_grad * _silu(gate)], axis=-1)
+        gate_up_grad[expert] += (hidden[ids].T @ both).reshape(dim, 2, inter)
+        hidden_grad[ids] += both @ gate_up_w[expert].reshape(dim, 2 * inter).T
+    return hidden_grad, affinity_grad, gate_up_grad, down_grad
+
+
+def golden_style_routing(tokens, top_k, experts, block, rng):
+    """test_bwmm_bwd_common.py's get_n_blocks / generate_token_position_to_id_and_experts:
+    top_k distinct experts per token, ceil blocks per expert, padding blocks to the last expert."""
+    blocks = math.ceil((tokens * top_k - (experts - 1)) / block) + experts - 1
+    router = np.stack([rng.choice(experts, top_k, replace=False) for _ in range(tokens)])
+    token_experts = np.zeros((tokens, experts))
+    for k in range(top_k):
+        token_experts += router[:, k : k + 1] == np.arange(experts)[None]
+    per_expert = np.ceil(token_experts.sum(0) / block).astype(np.int64)
+    per_expert[-1] += blocks - per_expert.sum()
+    offsets = np.concatenate([[0], np.cumsum(per_expert)[:-1]]) * block
+    token_position_to_id = np.full(blocks * block, tokens, dtype=np.int32)
+    block_to_expert = np.repeat(np.arange(experts), per_expert).astype(np.int32)
+    for e in range(experts):
+        ids = np.nonzero(token_experts[:, e])[0]
+        token_position_to_id[offsets[e] : offsets[e] + len(ids)] = ids
+    return token_experts, token_position_to_id, block_to_expert
+
+
+def _compare(reference_outputs, golden_outputs):
+    for got, want in zip(reference_outputs, golden_outputs):
+        np.testing.assert_allclose(got.double().numpy().reshape(want.shape), want, rtol=1e-4, atol=1e-5)
+
+
+def _reference_vs_golden(hidden, affinities, gate_up_w, down_w, token_position_to_id, block_to_expert, block, grad_out):
+    to_torch = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+    routing = {"token_position_to_id": to_torch(token_position_to_id), "block_to_expert": to_torch(block_to_expert).reshape(-1, 1)}
+    tensors = {
+        "hidden_states": to_torch(hidden),
+        "expert_affinities_masked": to_torch(affinities).reshape(-1, 1),
+        "gate_up_proj_weight": to_torch(gate_up_w),
+        "down_proj_weight": to_torch(down_w),
+    }
+    out, gate_up_T, down = blockwise_moe_reference(**tensors, **routing, block_size=block)
+    golden = golden_forward(hidden, affinities, gate_up_w, down_w, token_position_to_id, block_to_expert, block)
+    _compare((out, gate_up_T, down), golden)
+    grads = blockwise_moe_backward_reference(
+        **tensors,
+        gate_up_proj_act_checkpoint_T=gate_up_T,
+        down_proj_act_checkpoint=down,
+        output_hidden_states_grad=to_torch(grad_out),
+        **routing,
+        block_size=block,
+    )
+    golden_grads = golden_backward(
+        grad_out, hidden, affinities, gate_up_w, down_w, *golden[1:], token_position_to_id, block_to_expert, block
+    )
+    _compare(grads, golden_grads)
+
+
+def test_reference_math_matches_nki_library_goldens_on_their_inputs():
+    """Top-2 routing with random affinities, as the goldens' own inputs (build_bwmm_bwd_inputs)."""
+    rng = np.random.default_rng(0)
+    tokens, top_k, experts, block, dim, inter = 20, 2, 4, 8, 32, 16
+    token_experts, token_position_to_id, block_to_expert = golden_style_routing(tokens, top_k, experts, block, rng)
+    affinities = np.zeros((tokens + 1, experts), dtype=np.float32)
+    affinities[:tokens] = rng.random((tokens, experts)) * token_experts
+    hidden = rng.random((tokens + 1, dim), dtype=np.float32)
+    hidden[tokens] = 0
+    grad_out = rng.uniform(-1, 1, (tokens + 1, dim)).astype(np.float32)
+    grad_out[tokens] = 0
+    gate_up_w = rng.uniform(-0.1, 0.1, (experts, dim, 2, inter)).astype(np.float32)
+    down_w = rng.uniform(-0.1, 0.1, (experts, inter, dim)).astype(np.float32)
+    _reference_vs_golden(hidden, affinities, gate_up_w, down_w, token_position_to_id, block_to_expert, block, grad_out)
+
+
+def test_reference_math_matches_nki_library_goldens_on_the_projects_layouts():
+    """The kernel inputs the nki launch builds from torchtitan's rows and weights."""
+    x, (w1, w2, w3), counts = _inputs()
+    block = 16
+    routing = layouts.blockwise_routing(counts, num_rows=x.shape[0], block_size=block)
+    hidden = layouts.hidden_with_padding_row(x).numpy()
+    affinities = layouts.row_expert_affinities(routing, E, x.dtype).reshape(-1, E).numpy()
+    grad_out = layouts.hidden_with_padding_row(torch.randn_like(x)).numpy()
+    gate_up_w, down_w = layouts.gate_up_from_w1_w3(w1, w3).numpy(), layouts.down_from_w2(w2).numpy()
+    token_position_to_id = routing.token_position_to_id.numpy()
+    block_to_expert = routing.block_to_expert.flatten().numpy()
+    _reference_vs_golden(hidden, affinities, gate_up_w, down_w, token_position_to_id, block_to_expert, block, grad_out)
