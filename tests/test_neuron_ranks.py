@@ -15,7 +15,8 @@ import os
 
 import pytest
 
-from qwen3_trn.devices import confine_rank_to_its_device
+from qwen3_trn import devices
+from qwen3_trn.devices import DeviceSpec, confine_rank_to_its_device
 from qwen3_trn.launch import packing
 from tests.conftest import in_process
 
@@ -104,3 +105,17 @@ def test_ranks_without_the_variable_are_left_alone():
     environ: dict[str, str] = {"LOCAL_RANK": "1"}
     with confine_rank_to_its_device(environ):
         assert "NEURON_RT_VISIBLE_CORES" not in environ
+
+
+def test_a_packed_neuron_job_with_more_ranks_than_cores_is_refused_before_any_rank(tmp_path, monkeypatch):
+    """On a machine whose device probe finds NeuronCores (stood in: torch-neuronx is not here)."""
+    cores = DeviceSpec(type="neuron", count=8, default_attention="sdpa", visible_devices_env="NEURON_RT_VISIBLE_CORES")
+    monkeypatch.setitem(devices.DEVICES, "neuron", lambda: cores)
+    devices.probe_device.cache_clear()
+    try:
+        args = ["device=neuron", "launcher.devices_per_job=2", "launcher.nproc_per_node=4", "logger=none"]
+        result = in_process(args, tmp_path / "run")
+    finally:
+        devices.probe_device.cache_clear()
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "launcher.nproc_per_node" in result.stderr and "launcher.devices_per_job=2" in result.stderr

@@ -17,9 +17,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
-from qwen3_trn.config.schema import LauncherConfig, LocalLauncherConfig, RendezvousBackend
+from qwen3_trn.config.schema import LauncherConfig, LocalLauncherConfig, Mode, RendezvousBackend, RunConfig
 from qwen3_trn.devices import resolve_device
-from qwen3_trn.errors import RunInterrupted
+from qwen3_trn.errors import ConfigError, RunInterrupted
 from qwen3_trn.launch.base import LaunchDescription, Launcher
 from qwen3_trn.launch.packing import SLICE_BINDERS, DeviceSlots, default_lock_dir
 from qwen3_trn.layout import Layout
@@ -161,6 +161,19 @@ def _elastic_launch(job: WorkerJob, env: dict[str, str], rdzv_backend: str) -> N
 class LocalLauncher(Launcher):
     name = "local"
     config: LocalLauncherConfig
+
+    def validate(self, cfg: RunConfig, layout: Layout) -> None:
+        packed = self.config.devices_per_job
+        if cfg.mode != Mode.train or not packed or layout.nproc_per_node <= packed:
+            return
+        device = resolve_device(cfg.device.type)
+        if device.visible_devices_env:  # a GPU or NeuronCore per rank (CPU ranks share their cores)
+            raise ConfigError(
+                "launcher.nproc_per_node",
+                f"{layout.nproc_per_node} ranks per node cannot each have a {device.type} device of their own in a packed "
+                f"job's {packed} (launcher.devices_per_job={packed}); use launcher.nproc_per_node={packed} (or -1: one rank "
+                f"per packed device), or launcher.devices_per_job={layout.nproc_per_node}.",
+            )
 
     def describe(self, prepared: Prepared, run_dir: Path) -> LaunchDescription:
         command = torchrun_command(self.config, prepared.layout, run_dir / CONFIG_FILE, str(self.config.rdzv_backend))
