@@ -147,6 +147,7 @@ def resolve(
         if arch is not None:
             with problems.check():
                 backend.validate(cfg, arch, device)
+                backend.settle(device)
     if layout is not None and check_launcher is not None:
         with problems.check():
             check_launcher(cfg, layout)

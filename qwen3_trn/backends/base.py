@@ -58,6 +58,10 @@ class Backend:
     def validate(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> None:
         """Mode-specific checks before any worker starts; raise ConfigError."""
 
+    def settle(self, device: DeviceSpec) -> None:
+        """Write the choices made for ``device`` into ``self.config`` (the run's config, which
+        every rank starts from), once ``validate`` passed."""
+
     def run_info(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> dict[str, Any]:
         """Facts recorded in the run's summary and logged config (predicted in the parent)."""
         return {}

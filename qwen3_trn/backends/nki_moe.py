@@ -26,7 +26,12 @@ from qwen3_trn.local_tensors import local_tensor
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.attention import inner_attention_config, resolve_attention
 from qwen3_trn.models.qwen3 import native_model_spec
+from qwen3_trn.models.torchtitan_neuron import recipe, recipe_model_spec, unavailable_reason
 from qwen3_trn.titan import ModelSpec
+
+# backend.kernels: the model of torchtitan-neuron's own NKI MoE recipe (qwen3_trn.models.torchtitan_neuron),
+# which kernels=auto prefers on Neuron where torchtitan-neuron provides it.
+TORCHTITAN_NEURON = "torchtitan_neuron"
 
 # Trainium's grouped matmul needs expert token groups in multiples of this many rows.
 NEURON_TOKEN_GROUP_ALIGNMENT = 128
@@ -37,8 +42,15 @@ class NkiMoeBackend(Backend):
     description = "Qwen3 MoE with kernel-backed experts (NKI on Trainium, portable kernels elsewhere)"
     config: NkiMoeBackendConfig
 
+    def uses_recipe(self, device: DeviceSpec) -> bool:
+        """Whether the model comes from torchtitan-neuron's recipe rather than the project's kernels."""
+        requested = self.config.kernels
+        return requested == TORCHTITAN_NEURON or (requested == "auto" and device.type == "neuron" and recipe() is not None)
+
     def kernel_name(self, arch: Qwen3Architecture, device: DeviceSpec) -> str:
         """The kernel ``backend.kernels`` resolves to for the model's global expert shapes."""
+        if self.uses_recipe(device):
+            return TORCHTITAN_NEURON
         try:
             return resolved_kernel_name(
                 self.config.kernels, device.type, dim=arch.dim, hidden_dim=arch.moe_hidden_dim, num_experts=arch.num_experts
@@ -51,6 +63,8 @@ class NkiMoeBackend(Backend):
             ) from exc
 
     def model_spec(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> ModelSpec:
+        if self.uses_recipe(device):
+            return recipe_model_spec(cfg, arch)
         attention = resolve_attention(cfg.model.attention, device.default_attention)
         converter = KernelExpertsConverter.Config(kernel=self.config.kernels)
         return native_model_spec(cfg.model.flavor, arch, inner_attention_config(attention), converters=[converter])
@@ -62,6 +76,15 @@ class NkiMoeBackend(Backend):
                 f"backend=nki_moe trains mixture-of-experts models, but model={cfg.model.flavor} is dense; "
                 "choose an MoE model (tiny_moe, debugmodel_moe, 30B-A3B, 235B-A22B) or backend=native.",
             )
+        if self.uses_recipe(device):
+            reason = unavailable_reason() or (
+                None if device.type == "neuron" else f"its model runs NKI kernels, on neuron, not {device.type}"
+            )
+            if reason is not None:
+                raise ConfigError(
+                    "backend.kernels",
+                    f"kernels={self.config.kernels} chose {TORCHTITAN_NEURON}, which cannot run: {reason}. Use backend.kernels=nki or portable.",
+                )
         self.kernel_name(arch, device)
         if device.type == "neuron":
             try:
@@ -74,6 +97,11 @@ class NkiMoeBackend(Backend):
                 )
             except TokenGroupAlignmentError as exc:
                 raise ConfigError("training.seq_len", str(exc)) from exc
+
+    def settle(self, device: DeviceSpec) -> None:
+        # Every process then builds the model the plan names (the fake-backend check builds on cpu).
+        if self.uses_recipe(device):
+            self.config.kernels = TORCHTITAN_NEURON
 
     def run_info(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> dict[str, Any]:
         return {"kernel": self.kernel_name(arch, device), "kernels_requested": self.config.kernels}

@@ -147,7 +147,8 @@ class NkiMoeBackendConfig(BackendConfig):
     """Qwen3 MoE whose experts run project-registered kernels."""
 
     name: str = "nki_moe"
-    # auto (NKI where present, else the device's portable kernel) | nki | portable | <kernel name>
+    # auto (on Neuron torchtitan-neuron's own NKI MoE model where it is installed, else NKI where present,
+    # else the device's portable kernel) | torchtitan_neuron | nki | portable | <kernel name>
     kernels: str = "auto"
 
 

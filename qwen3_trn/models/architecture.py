@@ -48,7 +48,11 @@ class Qwen3Architecture:
     def of_flavor(cls, flavor: str) -> "Qwen3Architecture":
         if flavor not in qwen3_configs:
             raise ConfigError("model.flavor", f"unknown Qwen3 flavor '{flavor}'; torchtitan ships {', '.join(FLAVORS)}.")
-        config: Qwen3Model.Config = qwen3_configs[flavor](attn_backend="flex")
+        return cls.of_model_config(qwen3_configs[flavor](attn_backend="flex"))
+
+    @classmethod
+    def of_model_config(cls, config: Qwen3Model.Config) -> "Qwen3Architecture":
+        """The numbers of a built torchtitan Qwen3 model config."""
         layer = config.layers[0]
         attention = layer.attention
         common = dict(
