@@ -35,6 +35,7 @@ from qwen3_trn.allocator import host_allocator_choice
 from qwen3_trn.config.composition import composition_error
 from qwen3_trn.config.schema import Mode
 from qwen3_trn.config.typed import to_run_config
+from qwen3_trn.convert import compile_warning
 from qwen3_trn.errors import ConfigError, RunInterrupted, describe_error
 from qwen3_trn.fit import tracked_section
 from qwen3_trn.launch import build_launcher
@@ -163,8 +164,9 @@ def execute(cfg_node: DictConfig) -> dict | None:
     if str(run_dir) != str(requested):
         print(f"qwen3_trn: {requested} was taken by a run started at the same time; this run writes to {run_dir}", flush=True)
     resume = prepared.resume
-    for note in resume.notes() if resume else []:
-        print(f"qwen3_trn: {note}", flush=True)
+    for note in [compile_warning(cfg), *(resume.notes() if resume else [])]:
+        if note:
+            print(f"qwen3_trn: {note}", flush=True)
     node = OmegaConf.structured(cfg)  # typed: absolute paths, the claimed directory
     write_run_files(run_dir, node, _overrides(), prepared.trainer_config.to_dict())
     scrub_hydra_files(run_dir)

@@ -32,6 +32,8 @@ from qwen3_trn.titan import (
     ParamGroupConfig,
     SelectiveAC,
     Trainer,
+    compiled_components,
+    torchtitan_version,
 )
 from qwen3_trn.titan import CompileConfig as TitanCompileConfig
 from qwen3_trn.titan import ParallelismConfig as TitanParallelismConfig
@@ -43,6 +45,20 @@ ACTIVATION_CHECKPOINTING = {"none": lambda: None, "selective": SelectiveAC.Confi
 
 def architecture(cfg: RunConfig) -> Qwen3Architecture:
     return build_backend(cfg.backend).architecture(cfg)
+
+
+def compile_warning(cfg: RunConfig) -> str | None:
+    """One line naming the ``compile.components`` the installed torchtitan accepts and does
+    not compile (it says nothing itself), or None."""
+    compiled = compiled_components()
+    ignored = [str(c) for c in cfg.compile.components if str(c) not in compiled]
+    if cfg.compile.backend == "off" or not ignored:
+        return None
+    return (
+        f"warning: compile.components: {', '.join(ignored)} will not be compiled: torchtitan {torchtitan_version()} "
+        f"compiles only {' and '.join(compiled)} and ignores the rest, so it runs eagerly; "
+        f"drop {', '.join(ignored)} from compile.components to silence this."
+    )
 
 
 def tokenizer_path(cfg: RunConfig) -> str:

@@ -23,6 +23,7 @@ import ast
 import dataclasses
 import importlib
 import importlib.metadata
+import importlib.util
 from pathlib import Path
 
 from qwen3_trn.errors import ConfigError
@@ -36,6 +37,9 @@ FIELDS: dict[str, tuple[str, ...]] = {
 # "model" (models/*/parallelize.py) and "loss" (components/loss.py). Other names are accepted
 # by its CompileConfig and ignored.
 COMPILED_COMPONENTS = ("model", "loss")
+# torchtitan-neuron's fork also compiles gradient clipping, as the seed article says ("add
+# grad_clip to CompileConfig.components when torch.compile is on"); its source was not found.
+NEURON_FORK_COMPILED_COMPONENTS = (*COMPILED_COMPONENTS, "grad_clip")
 
 
 class TorchtitanMismatch(ConfigError):
@@ -52,6 +56,12 @@ class TorchtitanMismatch(ConfigError):
             "torchtitan-neuron's fork (its `pip install -e .` provides it); install a torchtitan-neuron release "
             "that has these names, or upstream torchtitan==0.3.0 where the Neuron fork is not needed" + first_error + ".",
         )
+
+
+def compiled_components() -> tuple[str, ...]:
+    """The ``compile.components`` the installed torchtitan compiles (the fork: where
+    torchtitan-neuron, whose install provides it, is importable)."""
+    return NEURON_FORK_COMPILED_COMPONENTS if importlib.util.find_spec("torchtitan_neuron") else COMPILED_COMPONENTS
 
 
 def torchtitan_version() -> str:

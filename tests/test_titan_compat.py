@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from qwen3_trn import titan
-from tests.conftest import REPO, cli_env
+from qwen3_trn.config.typed import to_run_config
+from qwen3_trn.convert import compile_warning
+from tests.conftest import REPO, cli_env, compose_config, in_process
 
 PACKAGE = REPO / "qwen3_trn"
 
@@ -86,3 +88,31 @@ def test_a_missing_module_or_field_is_named(monkeypatch):
         titan.check_torchtitan()
     assert info.value.missing == ["torchtitan.config.TrainingConfig.no_such_field"]
     assert info.value.key == "torchtitan" and info.value.version == "0.3.0"
+
+
+def test_a_compile_component_torchtitan_ignores_is_one_warning_line(run_dir):
+    done = in_process(["mode=plan", "compile=inductor", "compile.components=[model,loss,grad_clip]"], run_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    warnings = [line for line in done.stdout.splitlines() if "warning: compile.components" in line]
+    assert warnings == [
+        "qwen3_trn: warning: compile.components: grad_clip will not be compiled: torchtitan 0.3.0 compiles only model and loss "
+        "and ignores the rest, so it runs eagerly; drop grad_clip from compile.components to silence this."
+    ]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["compile=inductor"], ["compile=off", "compile.components=[model,loss,grad_clip]"]],
+    ids=["compiled-components-only", "compile-off"],
+)
+def test_no_warning_when_every_component_is_compiled_or_nothing_is(overrides, tmp_path):
+    assert compile_warning(to_run_config(compose_config(overrides, tmp_path / "run"))) is None
+
+
+def test_torchtitan_neurons_fork_compiles_grad_clip(tmp_path, monkeypatch):
+    (tmp_path / "torchtitan_neuron").mkdir()
+    (tmp_path / "torchtitan_neuron" / "__init__.py").write_text("")
+    cfg = to_run_config(compose_config(["compile=inductor", "compile.components=[model,loss,grad_clip]"], tmp_path / "run"))
+    assert compile_warning(cfg) is not None
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert titan.compiled_components() == ("model", "loss", "grad_clip") and compile_warning(cfg) is None
