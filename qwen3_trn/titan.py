@@ -64,15 +64,24 @@ def compiled_components() -> tuple[str, ...]:
     return NEURON_FORK_COMPILED_COMPONENTS if importlib.util.find_spec("torchtitan_neuron") else COMPILED_COMPONENTS
 
 
-def torchtitan_version() -> str:
-    """The installed distribution's version (``torchtitan.__version__`` when not installed as one)."""
+def _distribution_version(name: str) -> str | None:
     try:
-        return importlib.metadata.version("torchtitan")
+        return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def torchtitan_version() -> str:
+    """The installed torchtitan's version (``torchtitan.__version__`` when it is not installed as a
+    distribution of its own), and torchtitan-neuron's where that is installed (it provides torchtitan)."""
+    version = _distribution_version("torchtitan")
+    if version is None:
         try:
-            return str(getattr(importlib.import_module("torchtitan"), "__version__", "(unknown version)"))
+            version = str(getattr(importlib.import_module("torchtitan"), "__version__", "(unknown version)"))
         except ImportError:
-            return "(not installed)"
+            version = "(not installed)"
+    fork = _distribution_version("torchtitan-neuron")
+    return f"{version} (torchtitan-neuron {fork})" if fork else version
 
 
 def imported_names(source: str) -> list[tuple[str, str]]:
