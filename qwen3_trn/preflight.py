@@ -158,6 +158,8 @@ def resolve(
         layout, choice = fit.auto_layout(cfg, device, arch, to_trainer_config(cfg, device, layout), layout.nnodes, layout.nproc_per_node)
         cfg.parallelism = fit.chosen_parallelism(cfg.parallelism, layout)
     with problems.check():
+        backend.validate_sharded(cfg, arch, device, layout)
+    with problems.check():
         _check_training(cfg, arch, layout)
     with problems.check():
         check_validation(cfg.validation, cfg.training.seq_len, arch.max_seq_len, pipeline_parallel=layout.pp > 1)

@@ -8,7 +8,7 @@ hooks its mode needs.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from qwen3_trn.config.schema import BackendConfig, RunConfig
 from qwen3_trn.devices import DeviceSpec
@@ -20,6 +20,14 @@ from qwen3_trn.titan import ModelSpec, Trainer
 def flavor_architecture(cfg: RunConfig) -> Qwen3Architecture:
     """The model group's torchtitan flavor with its overrides applied."""
     return Qwen3Architecture.of_flavor(cfg.model.flavor).with_overrides(cfg.model)
+
+
+class ShardingDegrees(Protocol):
+    """The parallel degrees that decide what one rank holds (``qwen3_trn.layout.Layout`` has them)."""
+
+    tp: int
+    cp: int
+    ep: int
 
 
 class Backend:
@@ -61,6 +69,9 @@ class Backend:
     def settle(self, device: DeviceSpec) -> None:
         """Write the choices made for ``device`` into ``self.config`` (the run's config, which
         every rank starts from), once ``validate`` passed."""
+
+    def validate_sharded(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec, degrees: ShardingDegrees) -> None:
+        """Checks of the shapes one rank holds, once the parallel layout is final; raise ConfigError."""
 
     def run_info(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> dict[str, Any]:
         """Facts recorded in the run's summary and logged config (predicted in the parent)."""

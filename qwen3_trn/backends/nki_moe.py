@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qwen3_trn.backends.base import Backend
+from qwen3_trn.backends.base import Backend, ShardingDegrees
 from qwen3_trn.config.schema import NkiMoeBackendConfig, RunConfig
 from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.errors import ConfigError, NotApplicable
@@ -20,6 +20,8 @@ from qwen3_trn.kernels import (
     KernelUnavailableError,
     TokenGroupAlignmentError,
     check_token_group_alignment,
+    logical_neuron_cores,
+    moe_problem,
     resolved_kernel_name,
 )
 from qwen3_trn.local_tensors import local_tensor
@@ -47,20 +49,36 @@ class NkiMoeBackend(Backend):
         requested = self.config.kernels
         return requested == TORCHTITAN_NEURON or (requested == "auto" and device.type == "neuron" and recipe() is not None)
 
-    def kernel_name(self, arch: Qwen3Architecture, device: DeviceSpec) -> str:
-        """The kernel ``backend.kernels`` resolves to for the model's global expert shapes."""
+    def kernel_name(self, device: DeviceSpec, problem: dict[str, int] | None = None, where: str = "") -> str:
+        """The kernel ``backend.kernels`` resolves to on ``device`` for ``problem`` (one rank's
+        shapes); ``where`` says whose shapes they are in an error."""
         if self.uses_recipe(device):
             return TORCHTITAN_NEURON
         try:
-            return resolved_kernel_name(
-                self.config.kernels, device.type, dim=arch.dim, hidden_dim=arch.moe_hidden_dim, num_experts=arch.num_experts
-            )
+            return resolved_kernel_name(self.config.kernels, device.type, **(problem or {}))
         except KernelUnavailableError as exc:
-            raise ConfigError("backend.kernels", str(exc)) from exc
+            raise ConfigError("backend.kernels", f"{where}{exc}") from exc
         except ValueError as exc:
             raise ConfigError(
                 "backend.kernels", f"{exc} Use kernels=auto, kernels=portable or a kernel name listed in qwen3_trn/kernels/README.md."
             ) from exc
+
+    def local_problem(self, cfg: RunConfig, arch: Qwen3Architecture, degrees: ShardingDegrees) -> dict[str, int]:
+        """What one rank's expert kernel sees: torchtitan shards the experts over ``ep`` when
+        expert parallel is on, else their hidden dim over ``tp``; a call's rows are the rank's
+        tokens times top_k, and under expert parallel at most ``ep`` times the rows any one rank
+        routes to this rank's experts (every token sending ``min(top_k, local experts)`` rows)."""
+        ep, tp = max(degrees.ep, 1), max(degrees.tp, 1)
+        experts = arch.num_experts // ep
+        tokens = cfg.training.local_batch_size * (cfg.training.seq_len // max(degrees.cp, 1))
+        rows = tokens * arch.top_k if ep == 1 else ep * tokens * min(arch.top_k, experts)
+        return moe_problem(
+            dim=arch.dim,
+            hidden_dim=arch.moe_hidden_dim if ep > 1 else arch.moe_hidden_dim // tp,
+            num_experts=experts,
+            tokens=rows,
+            logical_cores=logical_neuron_cores(cfg.launcher.env),
+        )
 
     def model_spec(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> ModelSpec:
         if self.uses_recipe(device):
@@ -85,7 +103,7 @@ class NkiMoeBackend(Backend):
                     "backend.kernels",
                     f"kernels={self.config.kernels} chose {TORCHTITAN_NEURON}, which cannot run: {reason}. Use backend.kernels=nki or portable.",
                 )
-        self.kernel_name(arch, device)
+        self.kernel_name(device)
         if device.type == "neuron":
             try:
                 check_token_group_alignment(
@@ -103,8 +121,25 @@ class NkiMoeBackend(Backend):
         if self.uses_recipe(device):
             self.config.kernels = TORCHTITAN_NEURON
 
+    def validate_sharded(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec, degrees: ShardingDegrees) -> None:
+        if not arch.is_moe:
+            return
+        problem = self.local_problem(cfg, arch, degrees)
+        where = (
+            f"with tp={degrees.tp}, cp={degrees.cp}, ep={degrees.ep}, one rank's experts are "
+            f"{problem['num_experts']} x (dim {problem['dim']}, hidden_dim {problem['hidden_dim']}), "
+            f"up to {problem['tokens']} rows per call, at {problem['logical_cores']} logical core(s) per rank; "
+        )
+        self.kernel_name(device, problem, where)
+
     def run_info(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> dict[str, Any]:
-        return {"kernel": self.kernel_name(arch, device), "kernels_requested": self.config.kernels}
+        # A prediction from the config's degrees (what_ran records the built model's); a shape
+        # the kernel refuses is reported by validate_sharded once the layout is final.
+        try:
+            kernel = self.kernel_name(device, self.local_problem(cfg, arch, cfg.parallelism))
+        except ConfigError:
+            kernel = self.kernel_name(device)
+        return {"kernel": kernel, "kernels_requested": self.config.kernels}
 
     def what_ran(self, parts: list[Any], device_type: str) -> dict[str, Any]:
         """The kernel each expert module's forward selects for its local (EP/TP-sharded) weights."""
