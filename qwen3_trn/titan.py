@@ -10,9 +10,13 @@ The ``from torchtitan... import`` statements of the ``try`` block below are the 
 fails, each name of each statement is looked up on its own (:func:`missing_names`).
 ``FIELDS`` are the fields the project sets that the issue tracker found upstream added later.
 
-No difference between the fork and upstream that the project depends on is known from source:
-the fork's source was not found (only the Neuron documentation and a third-party article showing
-``qwen3_nki_moe_config``), so nothing here branches on which one is installed.
+The fork's source was not found (only the Neuron documentation and the seed article, which
+uses ``torchtitan.config.CompileConfig``, ``torchtitan.models.qwen3.model_registry``,
+``torchtitan.trainer.Trainer`` and the transformers backend's ``TransformersBackendConfig`` as
+upstream 0.3 names them). The differences known are handled where they matter: the fork compiles
+``grad_clip`` (:func:`compiled_components`), and it still accepts ``attn_backend="sdpa"``, which
+upstream refuses; the project passes neither that nor anything else that differs (SDPA is set
+as the layers' inner attention, ``qwen3_trn.models.attention``), so it runs on both.
 """
 
 # ruff: noqa: F401 - the names are imported here for the rest of the package
