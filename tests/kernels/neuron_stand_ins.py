@@ -107,7 +107,16 @@ def blockwise_mm_baseline_shard_intermediate(
     """Signature of bwmm_shard_on_I.py's kernel (the defaults that are NKI objects as None)."""
 
 
+def _dtype_checks(args: dict[str, Any], floats: tuple[str, ...]) -> None:
+    """bwmm_shard_on_I.py's notes: one floating dtype for all tensors, int32 routing tensors."""
+    kernel_assert(len({args[name].dtype for name in floats}) == 1, "all input/output tensors must have the same floating point dtype")
+    for name in ("token_position_to_id", "block_to_expert"):
+        kernel_assert(args[name].dtype == torch.int32, f"{name} must be nl.int32")
+    kernel_assert(tuple(args["block_to_expert"].shape[1:]) == (1,), "block_to_expert is [N, 1]")
+
+
 def _forward_checks(args: dict[str, Any], logical_cores: int) -> None:
+    _dtype_checks(args, ("hidden_states", "expert_affinities_masked", "gate_up_proj_weight", "down_proj_weight"))
     rows_plus_one, dim = args["hidden_states"].shape
     hidden = args["down_proj_weight"].shape[1]
     block = args["block_size"]
@@ -166,6 +175,8 @@ def blockwise_mm_bwd(
 
 
 def _backward_checks(args: dict[str, Any], logical_cores: int) -> None:
+    floats = ("hidden_states", "expert_affinities_masked", "gate_up_proj_weight", "down_proj_weight", "gate_up_proj_act_checkpoint_T")
+    _dtype_checks(args, (*floats, "down_proj_act_checkpoint", "output_hidden_states_grad"))
     dim = args["hidden_states"].shape[1]
     hidden = args["down_proj_weight"].shape[1]
     kernel_assert(args["block_size"] in (128, 256, 512, 1024), f"block_size must be 128, 256, 512, or 1024, got {args['block_size']}")

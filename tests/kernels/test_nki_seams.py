@@ -168,13 +168,15 @@ def test_launches_pass_a_tuple_grid_and_hashable_constants_to_launchers_built_on
     x, weights, counts = _inputs()
     op = KERNELS.op_overload("moe_swiglu_experts", "nki")
     backward = KERNELS.op_overload("moe_swiglu_experts_backward", "nki")
+    grad = torch.randn(x.shape[0], D)
     for _ in range(2):
         out, gate, up = op(x, *weights, counts)
-        backward(torch.ones_like(out), x, *weights, counts, gate, up, out)
+        grads = backward(grad, x, *weights, counts, gate, up, out)
     assert nki_on_cpu.wraps == ["blockwise_mm_baseline_shard_intermediate", "blockwise_mm_bwd"]
     assert {grid for _, grid in nki_on_cpu.launches} == {(stand_ins.LNC,)}
     want = KERNELS.op_overload("moe_swiglu_experts", "per_expert_mm")(x, *weights, counts)
-    for got, expected in zip((out, gate, up), want):
+    want_grads = KERNELS.op_overload("moe_swiglu_experts_backward", "per_expert_mm")(grad, x, *weights, counts, *want[1:], want[0])
+    for got, expected in zip((out, gate, up, *grads), (*want, *want_grads)):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
