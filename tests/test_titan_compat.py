@@ -53,6 +53,7 @@ runpy.run_module("qwen3_trn", run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.slow
 def test_missing_torchtitan_names_are_one_error_before_anything_starts(tmp_path):
     modules = sorted({module for module, _ in titan.imported_names(Path(titan.__file__).read_text())})
     removed = [
