@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
+from xdist.scheduler import LoadFileScheduling
 
 from qwen3_trn.config import register_schema
 
@@ -44,6 +45,31 @@ HF_EXPORT_TRAINING = [
 ]
 NATIVE_DENSE = ["backend=native", "model=tiny", "checkpoint.hf_interval=2"]  # also exported at step 2
 HF_V5_DENSE = ["backend=hf_v5", "model=tiny"]
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """Two workers on a 2-core machine (much of a test is waiting on processes it started), at
+    most four anywhere: each worker may train a model and start ranks of its own."""
+    return max(2, min(4, os.cpu_count() or 1))
+
+
+# Files whose tests share the session's runs (``hf_export_run``) run in one worker, and so do the
+# tests on the session's Slurm cluster (their names say slurm), so one worker starts one cluster.
+SHARED_SCOPES = {"tests/test_hf_export.py": "hf_export", "tests/test_hf_v5.py": "hf_export"}
+
+
+class SharedRunScheduling(LoadFileScheduling):
+    """pytest-xdist's ``--dist loadfile`` (a file's tests in one worker), with the groups above."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        path, _, name = nodeid.partition("::")
+        if "slurm" in path or "slurm" in name:
+            return "slurm"
+        return SHARED_SCOPES.get(path, path)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> SharedRunScheduling:
+    return SharedRunScheduling(config, log)
 
 
 def compose_config(overrides: list[str], output_dir: str | Path = "/tmp/qwen3_trn_unused") -> DictConfig:

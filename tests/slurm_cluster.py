@@ -23,6 +23,7 @@ not installed (install: launchers/slurm/install_debian.sh) or the tests do not r
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import socket
@@ -103,6 +104,9 @@ _cluster: SlurmCluster | None = None
 _users = 0
 
 
+PORT_LOCK = Path(tempfile.gettempdir()) / "qwen3_trn_slurm_ports.lock"
+
+
 def _missing_binary() -> str | None:
     for name in REQUIRED_BINARIES:
         if shutil.which(name, path=_SEARCH_PATH) is None:
@@ -146,14 +150,18 @@ def start_cluster(state_dir: Path) -> SlurmCluster:
             f"the local Slurm cluster runs its daemons as root (slurmd starts jobs as the submitting user); "
             f"run the tests as root or start {LOCAL_CLUSTER.relative_to(REPO)} with sudo"
         )
-    env = {
-        **os.environ,
-        "PATH": _SEARCH_PATH,
-        "QWEN3_TRN_SLURM_DIR": str(state_dir),
-        "QWEN3_TRN_SLURM_PORT": str(_free_port_base()),
-    }
     t0 = time.monotonic()
-    result = _script("start", env)
+    # Clusters started at once (the suite's parallel workers, two suites) would find the same
+    # free ports: the choice and the start that binds them are one step under a machine-wide lock.
+    with open(PORT_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        env = {
+            **os.environ,
+            "PATH": _SEARCH_PATH,
+            "QWEN3_TRN_SLURM_DIR": str(state_dir),
+            "QWEN3_TRN_SLURM_PORT": str(_free_port_base()),
+        }
+        result = _script("start", env)
     elapsed = time.monotonic() - t0
     if result.returncode != 0:
         logs = ""
