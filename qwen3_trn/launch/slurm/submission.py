@@ -133,7 +133,7 @@ def check_cluster(cfg, nnodes: int) -> None:
 
 def _project_root() -> Path | None:
     """The directory holding the qwen3_trn package when it is not installed in site-packages."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]  # qwen3_trn/launch/slurm/submission.py
     return None if root.name in ("site-packages", "dist-packages") else root
 
 
