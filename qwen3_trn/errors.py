@@ -6,6 +6,7 @@ problem at once (``ConfigErrors``: one paragraph each) rather than the first one
 
 from __future__ import annotations
 
+import signal
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -88,6 +89,12 @@ def describe_error(exc: BaseException) -> str:
             message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message or "")
             if message:
                 return f"rank {rank} failed: {message.strip().splitlines()[0]}"[:500]
+            if isinstance(failure.exitcode, int) and failure.exitcode < 0:
+                try:
+                    name = signal.Signals(-failure.exitcode).name
+                except ValueError:
+                    name = f"signal {-failure.exitcode}"
+                return f"rank {rank} was killed by {name} (exit code {failure.exitcode})"
             return f"rank {rank} failed with exit code {failure.exitcode} (see its log)"
         except Exception:  # noqa: BLE001 - fall back to the exception's own text
             pass

@@ -114,8 +114,25 @@ class JsonlLogger(BaseLogger):
             self._write(record)
 
     def _write(self, record: dict[str, Any]) -> None:
+        if not self.records:
+            self._drop_steps_from(record["step"])
         self.records.append(record)
         self._file.write(json.dumps(record) + "\n")
+
+    def _drop_steps_from(self, step: int) -> None:
+        """A resumed run (a requeued Slurm job, a restart in the same run directory) starts
+        again after its checkpoint: the lines an earlier start logged from ``step`` on belong to
+        training state that the checkpoint did not keep, and are dropped, so that the file has
+        each step once and in order."""
+        lines = self.path.read_text().splitlines()
+        kept = [line for line in lines if not line.strip() or json.loads(line).get("step", 0) < step]
+        if len(kept) == len(lines):
+            return
+        self._file.close()
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept if line.strip()))
+        os.replace(tmp, self.path)
+        self._file = self.path.open("a", buffering=1)
 
     def flush(self) -> None:
         if self._pending is not None:

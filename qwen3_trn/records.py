@@ -331,7 +331,10 @@ def update_summary(run_dir: Path, /, **fields: Any) -> dict[str, Any]:
         slurm = fields.pop("slurm", None)
         summary.update({k: str(v) if isinstance(v, RunStatus) else v for k, v in fields.items()})
         if slurm is not None:
-            summary["slurm"] = {**(summary.get("slurm") or {}), **slurm}
+            previous = summary.get("slurm") or {}
+            # per-node entries (node_errors: {host: ...}) from the job's nodes are merged, not replaced
+            nested = {k: {**previous[k], **v} for k, v in slurm.items() if isinstance(v, dict) and isinstance(previous.get(k), dict)}
+            summary["slurm"] = {**previous, **slurm, **nested}
         write_json_atomic(path, summary)
     return summary
 

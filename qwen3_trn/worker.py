@@ -11,6 +11,7 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from qwen3_trn.convert import compute_dtype, to_trainer_config
 from qwen3_trn.devices import DeviceSpec, confine_rank_to_its_device, resolve_device
 from qwen3_trn.layout import Layout
 from qwen3_trn.records import LOGS_DIR
-from qwen3_trn.redact import RedactingFormatter
+from qwen3_trn.redact import RedactingFormatter, looks_secret
 from qwen3_trn.titan import Trainer
 
 
@@ -94,11 +95,27 @@ def die_with_launcher() -> None:
         os._exit(1)
 
 
+def log_placement(cfg: RunConfig) -> str:
+    """One line in the rank's log: which host it runs on, and the ``launcher.env`` variables
+    as this process has them (secrets as set/unset): on several nodes, what each node gave it."""
+    env = ", ".join(
+        f"{key}={'<set>' if looks_secret(key) and key in os.environ else os.environ.get(key, '<unset>')}" for key in cfg.launcher.env
+    )
+    line = (
+        f"rank {os.environ.get('RANK', '0')}/{os.environ.get('WORLD_SIZE', '1')} on host {socket.gethostname()} "
+        f"(node {os.environ.get('GROUP_RANK', '0')}, local rank {os.environ.get('LOCAL_RANK', '0')}); "
+        f"launcher.env here: {env or '(none)'}"
+    )
+    logging.getLogger(__name__).info(line)
+    return line
+
+
 def run_worker(job: WorkerJob, trainer_config: Trainer.Config | None = None) -> None:
     die_with_launcher()
     with confine_rank_to_its_device():  # before the device probe and the process group read it
         cfg = job.cfg
         configure_logging(cfg, int(os.environ.get("RANK", "0")))
+        log_placement(cfg)
         trainer = None
         try:
             trainer = build_trainer(cfg, resolve_device(job.device_type), job.layout, trainer_config)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from qwen3_trn.errors import describe_error
+from qwen3_trn.errors import RunInterrupted, describe_error
 from qwen3_trn.launch.local import start_node_ranks, with_rendezvous
 from qwen3_trn.launch.slurm.submission import rendezvous_port
 from qwen3_trn.preflight import resolve
@@ -58,8 +58,9 @@ class TermWatch:
 
     def stopped_by_slurm(self, exc: BaseException) -> bool:
         """The ranks ended because Slurm is stopping the job: SIGTERM reached this process, or
-        the elastic agent turned it into its SignalException (it takes SIGTERM over while it runs)."""
-        return bool(self.received) or type(exc).__name__ == "SignalException"
+        the elastic agent turned it into its SignalException (it takes SIGTERM over while it runs;
+        the local launcher raises that as RunInterrupted)."""
+        return bool(self.received) or isinstance(exc, RunInterrupted) or type(exc).__name__ == "SignalException"
 
 
 class SlurmTrainJob:
@@ -96,18 +97,23 @@ class SlurmTrainJob:
             if job.layout.world_size > 1:
                 endpoint = f"{env.hostnames[0]}:{rendezvous_port(env.job_id)}" if job.layout.nnodes > 1 else None
                 job = with_rendezvous(job, endpoint, f"slurm-{env.job_id}")
+                if lead and job.layout.nnodes > 1:
+                    update_summary(run_dir, slurm={"rendezvous": job.cfg.launcher.rdzv_endpoint})
             start_node_ranks(job)
-        except Exception as exc:
+        except (Exception, RunInterrupted) as exc:  # RunInterrupted: a KeyboardInterrupt, not an Exception
             if term.stopped_by_slurm(exc):
                 # Slurm is stopping this job (scancel, or a preemption whose USR2 comes next) and
                 # the ranks died of its SIGTERM: wait for submitit's requeue (USR2, which exits
                 # from here) or Slurm's SIGKILL, rather than reporting a failure.
                 term.restore()
                 time.sleep(90)
+            reason = describe_error(exc)
+            if cfg.launcher.nnodes > 1:
+                # which node failed and why: each node's own reason (the first to fail is the cause;
+                # the others' ranks lost their peers)
+                update_summary(run_dir, slurm={"node_errors": {env.hostname: {"node": env.node, "error": reason, "time": time.time()}}})
             if lead:
-                update_summary(
-                    run_dir, status=RunStatus.failed, job_error=describe_error(exc), slurm={"state": "FAILED", "ended": time.time()}
-                )
+                update_summary(run_dir, status=RunStatus.failed, job_error=reason, slurm={"state": "FAILED", "ended": time.time()})
             raise
         if lead:
             if restarts:  # the summary over every step once, after a resume

@@ -7,6 +7,7 @@ a failed job from the exception submitit pickled for it.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -68,6 +69,20 @@ def job_error(slurm: dict[str, Any]) -> str | None:
     return lines[-1][:500] if lines else type(error).__name__
 
 
+def node_errors(slurm: dict[str, Any]) -> str | None:
+    """Which nodes of a multi-node job failed and why, the cause first: a node whose ranks were
+    killed by a signal, else the node that failed first (the others' ranks lost their peers)."""
+    errors = slurm.get("node_errors") or {}
+    if not errors:
+        return None
+
+    def killed(error: Any) -> bool:  # qwen3_trn.errors.describe_error's words, or torch elastic's
+        return bool(re.search(r"killed by SIG|Signal \d+ \(SIG", str(error)))
+
+    order = sorted(errors.items(), key=lambda item: (not killed(item[1].get("error")), item[1].get("time", 0)))
+    return "; ".join(f"node {host} (#{info.get('node')}): {info.get('error')}" for host, info in order)[:1000]
+
+
 def refresh_runs(run_dirs: Iterable[Path]) -> list[dict[str, Any]]:
     """Read the Slurm state of each run's job into its summary.json; returns the summaries
     (runs without a Slurm job are left out)."""
@@ -85,7 +100,7 @@ def refresh_runs(run_dirs: Iterable[Path]) -> list[dict[str, Any]]:
         if status is not None and status != summary.get("status"):
             fields["status"] = status
         if status == RunStatus.failed and not summary.get("error"):
-            reason = summary.get("job_error") or job_error(slurm)
+            reason = node_errors(slurm) or summary.get("job_error") or job_error(slurm)
             fields["error"] = f"Slurm job {slurm['job_id']} {state}" + (f": {reason}" if reason else "")
         out.append(update_summary(run_dir, **fields) if fields else summary)
     return out
@@ -134,7 +149,7 @@ def wait_for_run(run_dir: Path, poll: float = 2.0, follow: bool = True) -> RunSt
     if status == RunStatus.completed:
         return status
     summary = read_summary(run_dir)
-    error = summary.get("job_error") or job_error(slurm)
+    error = node_errors(summary.get("slurm") or {}) or summary.get("job_error") or job_error(slurm)
     print(
         f"error: Slurm job {job_id} ended {seen}" + (f": {error}" if error else "") + f"\n  log: {slurm['stderr']}",
         file=sys.stderr,
