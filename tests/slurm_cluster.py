@@ -63,6 +63,8 @@ class SlurmCluster:
     start_seconds: float = 0.0
     # The env local_cluster.sh runs with (state directory, ports), for `stop` and `status`.
     script_env: dict[str, str] = field(default_factory=dict, repr=False)
+    # The compute nodes (NodeName; with hosts > 1 each in its own network + UTS namespace).
+    nodes: tuple[str, ...] = ()
 
     @property
     def slurm_conf(self) -> str:
@@ -100,8 +102,9 @@ class SlurmCluster:
 
 # One cluster per session even when several test modules import the fixture (pytest then makes
 # one session fixture per module): the first use starts it, the last teardown stops it.
-_cluster: SlurmCluster | None = None
-_users = 0
+_cluster: SlurmCluster | None = None  # the one-node cluster (job_state's default env)
+_clusters: dict[int, SlurmCluster] = {}  # by number of compute hosts
+_users: dict[int, int] = {}
 
 
 PORT_LOCK = Path(tempfile.gettempdir()) / "qwen3_trn_slurm_ports.lock"
@@ -137,8 +140,9 @@ def _script(command: str, env: dict[str, str], timeout: float = 180) -> subproce
     return subprocess.run(["bash", str(LOCAL_CLUSTER), command], env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def start_cluster(state_dir: Path) -> SlurmCluster:
-    """Start a cluster into ``state_dir`` (skips the test when Slurm is not installed)."""
+def start_cluster(state_dir: Path, hosts: int = 1) -> SlurmCluster:
+    """Start a cluster into ``state_dir`` (skips the test when Slurm is not installed); with
+    ``hosts`` > 1, that many compute hosts, each in network and UTS namespaces of its own."""
     missing = _missing_binary()
     if missing is not None:
         pytest.skip(
@@ -160,6 +164,7 @@ def start_cluster(state_dir: Path) -> SlurmCluster:
             "PATH": _SEARCH_PATH,
             "QWEN3_TRN_SLURM_DIR": str(state_dir),
             "QWEN3_TRN_SLURM_PORT": str(_free_port_base()),
+            "QWEN3_TRN_SLURM_HOSTS": str(hosts),
         }
         result = _script("start", env)
     elapsed = time.monotonic() - t0
@@ -178,7 +183,10 @@ def start_cluster(state_dir: Path) -> SlurmCluster:
             key, _, value = line[len("export ") :].partition("=")
             client_env[key] = value
     assert "SLURM_CONF" in client_env, result.stdout
-    return SlurmCluster(state_dir=state_dir, env=client_env, start_seconds=elapsed, script_env=env)
+    nodes = subprocess.run(["sinfo", "-h", "-N", "-p", "cpu", "-o", "%N"], env=client_env, capture_output=True, text=True, timeout=30)
+    return SlurmCluster(
+        state_dir=state_dir, env=client_env, start_seconds=elapsed, script_env=env, nodes=tuple(sorted(set(nodes.stdout.split())))
+    )
 
 
 def stop_cluster(cluster: SlurmCluster) -> subprocess.CompletedProcess:
@@ -194,29 +202,29 @@ def _state_dir() -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    """A running one-node Slurm cluster: ``.env`` (SLURM_CONF ...), ``.partitions``, ``.state_dir``.
-
-    The state directory (/tmp/qwen3_trn_slurm_*, with the daemons' logs under log/) is removed
-    after the session unless QWEN3_TRN_SLURM_KEEP=1.
-    """
-    global _cluster, _users
-    if _cluster is None:
+def _shared_cluster(hosts: int):
+    """The session's cluster of ``hosts`` compute hosts: started by its first user, stopped (and
+    its state directory removed unless QWEN3_TRN_SLURM_KEEP=1) after its last."""
+    global _cluster
+    if hosts not in _clusters:
         state_dir = _state_dir()
         try:
-            _cluster = start_cluster(state_dir)
+            _clusters[hosts] = start_cluster(state_dir, hosts=hosts)
         except BaseException:
             if os.environ.get("QWEN3_TRN_SLURM_KEEP") != "1" and not (state_dir / "log").is_dir():
                 shutil.rmtree(state_dir, ignore_errors=True)
             raise
-    _users += 1
+        if hosts == 1:
+            _cluster = _clusters[hosts]
+    _users[hosts] = _users.get(hosts, 0) + 1
     try:
-        yield _cluster
+        yield _clusters[hosts]
     finally:
-        _users -= 1
-        if _users == 0 and _cluster is not None:
-            cluster, _cluster = _cluster, None
+        _users[hosts] -= 1
+        if _users[hosts] == 0 and hosts in _clusters:
+            cluster = _clusters.pop(hosts)
+            if hosts == 1:
+                _cluster = None
             result = stop_cluster(cluster)
             if result.returncode != 0:
                 raise RuntimeError(f"local_cluster.sh stop failed:\n{result.stdout}\n{result.stderr}")
@@ -224,14 +232,50 @@ def slurm_cluster():
                 shutil.rmtree(cluster.state_dir, ignore_errors=True)
 
 
+def _with_client_env(cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
+    for key, value in cluster.env.items():
+        if (key == "PATH" or key.startswith("SLURM_")) and os.environ.get(key) != value:
+            monkeypatch.setenv(key, value)
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A running one-node Slurm cluster: ``.env`` (SLURM_CONF ...), ``.partitions``, ``.state_dir``.
+
+    The state directory (/tmp/qwen3_trn_slurm_*, with the daemons' logs under log/) is removed
+    after the session unless QWEN3_TRN_SLURM_KEEP=1.
+    """
+    yield from _shared_cluster(1)
+
+
 @pytest.fixture
 def slurm_env(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
     """The cluster, with its client env (SLURM_CONF, PATH) set in os.environ for this test, as
     code that calls Slurm itself (submitit, the launcher) needs."""
-    for key, value in slurm_cluster.env.items():
-        if (key == "PATH" or key.startswith("SLURM_")) and os.environ.get(key) != value:
-            monkeypatch.setenv(key, value)
-    return slurm_cluster
+    return _with_client_env(slurm_cluster, monkeypatch)
+
+
+def _skip_without_namespaces() -> None:
+    missing = [name for name in ("ip", "unshare", "nsenter") if shutil.which(name, path=_SEARCH_PATH) is None]
+    if missing:
+        pytest.skip(f"a cluster of two hosts needs network namespaces: {', '.join(missing)} not found (iproute2, util-linux)")
+
+
+@pytest.fixture(scope="session")
+def two_host_cluster():
+    """A running Slurm cluster of two compute hosts on this machine (``.nodes``): each slurmd in
+    its own network and UTS namespace, with its own hostname and address on a private bridge
+    (launchers/slurm/local_cluster.sh with QWEN3_TRN_SLURM_HOSTS=2). Stopped, its namespaces,
+    veths, bridge and /etc/hosts lines removed, after the session."""
+    _skip_without_namespaces()
+    yield from _shared_cluster(2)
+
+
+@pytest.fixture
+def two_host_env(two_host_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
+    """The two-host cluster with its client env set in os.environ for this test."""
+    return _with_client_env(two_host_cluster, monkeypatch)
 
 
 def job_state(job_id: str, env: dict[str, str] | None = None) -> str:

@@ -19,6 +19,16 @@
 #                           oversubscribes the machine (SlurmdParameters=config_overrides)
 #   QWEN3_TRN_SLURM_CLUSTER ClusterName (lowercase)                  [qwen3trn]
 #   QWEN3_TRN_SLURM_TIMEOUT seconds to wait for each daemon / the node to be idle   [60]
+#   QWEN3_TRN_SLURM_HOSTS   compute hosts                             [1]
+#                           1: slurmd on this machine (NodeName = its hostname, 127.0.0.1).
+#                           N>1: N compute hosts n<PORT>-1 .. n<PORT>-N, each slurmd in its own
+#                           network + UTS namespace (own hostname and address 10.237.S.2 ..
+#                           on a bridge q3b<PORT> whose host side, 10.237.S.1, is where slurmctld
+#                           is reached; S = PORT/4 % 250), the names in /etc/hosts (a block
+#                           marked with the state directory). Job steps and ranks run in their
+#                           node's namespaces, so traffic between nodes goes over these addresses.
+#                           `stop` removes the namespaces, veths, bridge and /etc/hosts lines.
+#   QWEN3_TRN_SLURM_SUBNET  first three octets of the hosts' subnet   [10.237.S]
 #
 # Needs root: the daemons run as root (SlurmUser=root; see README.md). Clients (sbatch, squeue,
 # sacct, submitit) work for any user with SLURM_CONF=<state>/slurm.conf.
@@ -32,6 +42,23 @@ CLUSTER="${QWEN3_TRN_SLURM_CLUSTER:-qwen3trn}"
 TIMEOUT="${QWEN3_TRN_SLURM_TIMEOUT:-60}"
 ME="$(id -un)"
 NODE="$(hostname -s)"
+HOSTS_FILE="$STATE/hosts.env"
+# The mode a cluster was started in is kept in the state directory: stop/status read it.
+if [ -s "$HOSTS_FILE" ]; then
+    # shellcheck disable=SC1090
+    . "$HOSTS_FILE"
+fi
+HOSTS="${HOSTS:-${QWEN3_TRN_SLURM_HOSTS:-1}}"
+case "$HOSTS" in '' | *[!0-9]* | 0) echo "local_cluster: ERROR: QWEN3_TRN_SLURM_HOSTS must be a number >= 1, not '$HOSTS'" >&2; exit 2 ;; esac
+SUBNET="${SUBNET:-${QWEN3_TRN_SLURM_SUBNET:-10.237.$(((PORT / 4) % 250))}}"
+BRIDGE="q3b$PORT"
+HOST_ADDR="$SUBNET.1"
+# compute host k (1..HOSTS): name, namespace, veth (host side; the peer is "eth0" in the namespace), address
+host_name() { echo "n$PORT-$1"; }
+host_ns() { echo "qwen3trn-$PORT-$1"; }
+host_veth() { echo "q3v$PORT-$1"; }
+host_addr() { echo "$SUBNET.$(($1 + 1))"; }
+HOSTS_MARK="# qwen3_trn local_cluster $STATE"
 
 CONF="$STATE/slurm.conf"
 DBDCONF="$STATE/slurmdbd.conf"
@@ -45,7 +72,7 @@ DB_SOCKET="$DB_DIR/mysqld.sock"
 
 export SLURM_CONF="$CONF"
 
-# daemon name -> pid file
+# daemon name -> pid file (slurmd@NODE: the slurmd of compute host NODE)
 pidfile() {
     case "$1" in
         munged) echo "$RUN/munged.pid" ;;
@@ -53,9 +80,22 @@ pidfile() {
         slurmdbd) echo "$RUN/slurmdbd.pid" ;;
         slurmctld) echo "$RUN/slurmctld.pid" ;;
         slurmd) echo "$RUN/slurmd.pid" ;;
+        slurmd@*) echo "$RUN/slurmd-${1#slurmd@}.pid" ;;
     esac
 }
-DAEMONS=(munged mariadbd slurmdbd slurmctld slurmd)
+DAEMONS=(munged mariadbd slurmdbd slurmctld)
+NODES=()
+HOSTS_SUFFIX=""  # non-empty: one slurmd per host, its pid, log and spool files named after it
+if [ "$HOSTS" -gt 1 ]; then HOSTS_SUFFIX=1; fi
+if [ "$HOSTS" -eq 1 ]; then
+    DAEMONS+=(slurmd)
+    NODES=("$NODE")
+else
+    for k in $(seq 1 "$HOSTS"); do
+        DAEMONS+=("slurmd@$(host_name "$k")")
+        NODES+=("$(host_name "$k")")
+    done
+fi
 
 log() { echo "local_cluster: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -68,6 +108,7 @@ running_pid() {
     pid="$(tr -dc '0-9' <"$f")"
     [ -n "$pid" ] || return 0
     comm="$(cat "/proc/$pid/comm" 2>/dev/null || true)"
+    name="${name%%@*}"
     # /proc/PID/comm is cut to 15 characters
     if [ "$comm" = "${name:0:15}" ]; then echo "$pid"; fi
 }
@@ -76,12 +117,13 @@ running_pid() {
 # start that died half-way): "PID NAME" lines, found by a command line naming a file under the
 # state directory or, for slurmdbd, SLURM_CONF=<state>/slurm.conf in its environment.
 stray_pids() {
-    local p comm pid
+    local p comm pid d known=" "
+    for d in "${DAEMONS[@]}"; do known="$known$(running_pid "$d") "; done
     for p in /proc/[0-9]*; do
         comm="$(cat "$p/comm" 2>/dev/null)" || continue
-        case " ${DAEMONS[*]} " in *" $comm "*) ;; *) continue ;; esac
+        case " munged mariadbd slurmdbd slurmctld slurmd " in *" $comm "*) ;; *) continue ;; esac
         pid="${p#/proc/}"
-        [ "$pid" != "$(running_pid "$comm")" ] || continue
+        case "$known" in *" $pid "*) continue ;; esac
         if tr '\0' '\n' 2>/dev/null <"$p/cmdline" | grep -qF "$STATE/" \
             || tr '\0' '\n' 2>/dev/null <"$p/environ" | grep -qxF "SLURM_CONF=$CONF"; then
             echo "$pid $comm"
@@ -134,16 +176,30 @@ write_configs() {
     # slurm user's directories under /var. A production cluster uses a dedicated slurm user.
     slurm_user=root
 
-    mkdir -p "$STATE" "$LOG" "$RUN" "$STATE/spool/slurmctld" "$STATE/spool/slurmd" "$MUNGE_DIR" "$DB_DIR"
+    mkdir -p "$STATE" "$LOG" "$RUN" "$STATE/spool/slurmctld" "$MUNGE_DIR" "$DB_DIR"
+    local n ctld_addr=127.0.0.1 node_lines="" nodes_list
+    for n in "${NODES[@]}"; do mkdir -p "$STATE/spool/slurmd${HOSTS_SUFFIX:+-$n}"; done
+    if [ "$HOSTS" -eq 1 ]; then
+        node_lines="NodeName=$NODE NodeAddr=127.0.0.1 NodeHostname=$NODE CPUs=$cpus RealMemory=$real_mem State=UNKNOWN"
+    else
+        # slurmd in a namespace reaches slurmctld on the bridge's host address
+        ctld_addr="$HOST_ADDR"
+        local k
+        for k in $(seq 1 "$HOSTS"); do
+            node_lines="${node_lines:+$node_lines
+}NodeName=$(host_name "$k") NodeAddr=$(host_addr "$k") NodeHostname=$(host_name "$k") CPUs=$cpus RealMemory=$real_mem State=UNKNOWN"
+        done
+    fi
+    nodes_list="$(IFS=,; echo "${NODES[*]}")"
     chmod 755 "$STATE"
     chmod 755 "$MUNGE_DIR"  # munged wants its socket directory searchable by all; the key is 600
     : >"$STATE/plugstack.conf"
 
     cat >"$CONF" <<EOF
-# Written by launchers/slurm/local_cluster.sh: a one-node cluster on $NODE. Edits are lost on the
-# next start from a stopped state.
+# Written by launchers/slurm/local_cluster.sh: a cluster of $HOSTS compute host(s) on $NODE. Edits
+# are lost on the next start from a stopped state.
 ClusterName=$CLUSTER
-SlurmctldHost=$NODE(127.0.0.1)
+SlurmctldHost=$NODE($ctld_addr)
 SlurmctldPort=$PORT
 SlurmdPort=$((PORT + 1))
 SlurmUser=$slurm_user
@@ -153,11 +209,11 @@ CredType=cred/munge
 # cred_expire: a requeued job may start again cred_expire+1 s after it ended (default 120 s).
 AuthInfo=socket=$MUNGE_SOCKET,cred_expire=5
 StateSaveLocation=$STATE/spool/slurmctld
-SlurmdSpoolDir=$STATE/spool/slurmd
+SlurmdSpoolDir=$STATE/spool/slurmd${HOSTS_SUFFIX:+-%n}
 SlurmctldPidFile=$(pidfile slurmctld)
-SlurmdPidFile=$(pidfile slurmd)
+SlurmdPidFile=$RUN/slurmd${HOSTS_SUFFIX:+-%n}.pid
 SlurmctldLogFile=$LOG/slurmctld.log
-SlurmdLogFile=$LOG/slurmd.log
+SlurmdLogFile=$LOG/slurmd${HOSTS_SUFFIX:+-%n}.log
 SlurmctldDebug=info
 SlurmdDebug=info
 PlugStackConfig=$STATE/plugstack.conf
@@ -196,9 +252,9 @@ SlurmctldParameters=preempt_send_user_signal
 PriorityType=priority/multifactor
 PriorityWeightQOS=1000
 $overrides
-NodeName=$NODE NodeAddr=127.0.0.1 NodeHostname=$NODE CPUs=$cpus RealMemory=$real_mem State=UNKNOWN
-PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
-PartitionName=cpu Nodes=$NODE Default=NO MaxTime=INFINITE State=UP
+$node_lines
+PartitionName=debug Nodes=$nodes_list Default=YES MaxTime=INFINITE State=UP
+PartitionName=cpu Nodes=$nodes_list Default=NO MaxTime=INFINITE State=UP
 EOF
 
     if [ -s "$DB_DIR/slurm.password" ]; then
@@ -324,22 +380,110 @@ start_slurmctld() {
 }
 
 start_slurmd() {
-    [ -z "$(running_pid slurmd)" ] || return 0
-    slurmd -f "$CONF" >>"$LOG/slurmd.out" 2>&1 || die "slurmd did not start; see $LOG/slurmd.log"
+    if [ "$HOSTS" -eq 1 ]; then
+        [ -z "$(running_pid slurmd)" ] || return 0
+        slurmd -f "$CONF" >>"$LOG/slurmd.out" 2>&1 || die "slurmd did not start; see $LOG/slurmd.log"
+        return 0
+    fi
+    local k name
+    for k in $(seq 1 "$HOSTS"); do
+        name="$(host_name "$k")"
+        [ -z "$(running_pid "slurmd@$name")" ] || continue
+        # In the host's network namespace and a UTS namespace of its own with hostname = NodeName;
+        # slurmd daemonizes in both, and its job steps and their processes inherit them.
+        # (nsenter, not `ip netns exec`: that also makes a mount namespace with its own /sys, in
+        # which slurmd finds no /sys/fs/cgroup; the mount namespace stays the host's.)
+        nsenter --net="/run/netns/$(host_ns "$k")" unshare --uts sh -c 'hostname "$1" && exec slurmd -f "$2" -N "$1"' sh "$name" "$CONF" \
+            >>"$LOG/slurmd-$name.out" 2>&1 || die "slurmd of $name did not start; see $LOG/slurmd-$name.log"
+    done
+}
+
+# Compute hosts (HOSTS > 1): the bridge with the host address, one network namespace per host
+# with a veth pair to the bridge, and the hosts' names in /etc/hosts (the ranks find the first
+# node by its name, as on a real cluster). Recorded in hosts.env first, so that `stop` removes
+# them also after a start that failed half-way.
+setup_hosts() {
+    [ "$HOSTS" -gt 1 ] || return 0
+    command -v ip >/dev/null 2>&1 && command -v unshare >/dev/null 2>&1 && command -v nsenter >/dev/null 2>&1 \
+        || die "QWEN3_TRN_SLURM_HOSTS=$HOSTS needs ip (iproute2), unshare and nsenter (util-linux)"
+    printf 'HOSTS=%s\nSUBNET=%s\n' "$HOSTS" "$SUBNET" >"$HOSTS_FILE"
+    if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+        if ip -o -4 addr show | grep -qF " $SUBNET."; then
+            die "subnet $SUBNET.0/24 is in use on this machine (ip addr); set QWEN3_TRN_SLURM_SUBNET to other first three octets"
+        fi
+        ip link add "$BRIDGE" type bridge || die "could not create bridge $BRIDGE (network namespaces need root and CAP_NET_ADMIN)"
+        ip addr add "$HOST_ADDR/24" dev "$BRIDGE"
+        ip link set "$BRIDGE" up
+    fi
+    local k ns veth
+    for k in $(seq 1 "$HOSTS"); do
+        ns="$(host_ns "$k")"
+        veth="$(host_veth "$k")"
+        ip netns list | grep -qw "^$ns" && continue
+        ip netns add "$ns" || die "could not create network namespace $ns"
+        ip link add "$veth" type veth peer name "$veth-p" || die "could not create veth $veth"
+        ip link set "$veth-p" netns "$ns"
+        ip link set "$veth" master "$BRIDGE"
+        ip link set "$veth" up
+        ip netns exec "$ns" ip link set "$veth-p" name eth0
+        ip netns exec "$ns" ip addr add "$(host_addr "$k")/24" dev eth0
+        ip netns exec "$ns" ip link set eth0 up
+        ip netns exec "$ns" ip link set lo up
+    done
+    if ! grep -qxF "$HOSTS_MARK" /etc/hosts; then
+        {
+            echo "$HOSTS_MARK"
+            for k in $(seq 1 "$HOSTS"); do echo "$(host_addr "$k") $(host_name "$k")"; done
+            echo "$HOST_ADDR $BRIDGE $HOSTS_MARK"
+        } >>/etc/hosts
+    fi
+}
+
+# Remove what setup_hosts made: processes left in the namespaces, the namespaces (and their
+# veths), the bridge, the /etc/hosts lines.
+teardown_hosts() {
+    [ "$HOSTS" -gt 1 ] || return 0
+    local k ns pids
+    for k in $(seq 1 "$HOSTS"); do
+        ns="$(host_ns "$k")"
+        ip netns list | grep -qw "^$ns" || continue
+        pids="$(ip netns pids "$ns" 2>/dev/null | xargs)"
+        if [ -n "$pids" ]; then
+            log "stopping processes left in $ns: $pids"
+            # shellcheck disable=SC2086
+            kill -TERM $pids 2>/dev/null || true
+            wait_for 10 "processes in $ns" bash -c "[ -z \"\$(ip netns pids $ns)\" ]" \
+                || { pids="$(ip netns pids "$ns" 2>/dev/null | xargs)"; [ -z "$pids" ] || kill -KILL $pids 2>/dev/null || true; }
+        fi
+        ip netns del "$ns" 2>/dev/null || true
+        ip link del "$(host_veth "$k")" 2>/dev/null || true
+    done
+    if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE" 2>/dev/null || true; fi
+    if grep -qF "$HOSTS_MARK" /etc/hosts; then
+        # rewritten in place: /etc/hosts may be a mount point
+        local kept
+        kept="$(awk -v mark="$HOSTS_MARK" '$0 == mark { skip = 1; next } skip && index($0, mark) { skip = 0; next } !skip' /etc/hosts)"
+        printf '%s\n' "$kept" >/etc/hosts
+    fi
 }
 
 # The node is up: idle (or running jobs when the cluster was already up) and not drained or
 # unresponsive; with an epoch argument, slurmd must also have registered since then (a restarted
 # slurmctld restores the node's last state from its state files before slurmd registers).
 node_idle() {
+    local n
+    for n in "${NODES[@]}"; do one_node_idle "$n" "${1:-}" || return 1; done
+}
+
+one_node_idle() {
     local line state started
-    line="$(scontrol show node -o "$NODE" 2>/dev/null)" || return 1
+    line="$(scontrol show node -o "$1" 2>/dev/null)" || return 1
     state="$(sed -n 's/.* State=\([^ ]*\).*/\1/p' <<<"$line")"
     grep -qxE '(IDLE|MIXED|ALLOCATED)(\+COMPLETING)?' <<<"$state" || return 1
-    if [ -n "${1:-}" ]; then
+    if [ -n "${2:-}" ]; then
         started="$(sed -n 's/.* SlurmdStartTime=\([^ ]*\).*/\1/p' <<<"$line")"
         started="$(date -d "$started" +%s 2>/dev/null)" || return 1
-        [ "$started" -ge "$(($1 - 1))" ] || return 1
+        [ "$started" -ge "$(($2 - 1))" ] || return 1
     fi
 }
 
@@ -394,20 +538,23 @@ cmd_start() {
     else
         log "some daemons already run in $STATE; starting the others"
     fi
+    setup_hosts
     start_munged
     start_mariadbd
     start_slurmdbd
     register_accounting
     start_slurmctld
-    local t_slurmd=""
-    if [ -z "$(running_pid slurmd)" ]; then t_slurmd="$(date +%s)"; fi
+    local t_slurmd="" d
+    for d in "${DAEMONS[@]}"; do
+        case "$d" in slurmd*) if [ -z "$(running_pid "$d")" ]; then t_slurmd="$(date +%s)"; fi ;; esac
+    done
     start_slurmd
     wait_for "$TIMEOUT" "node idle" node_idle "$t_slurmd" \
-        || die "node $NODE is not idle: $(sinfo -h -N -o '%N %T %E' 2>&1); see $LOG/slurmd.log and $LOG/slurmctld.log"
+        || die "not every node of ${NODES[*]} is idle: $(sinfo -h -N -o '%N %T %E' 2>&1 | xargs); see $LOG/slurmd*.log and $LOG/slurmctld.log"
     wait_for "$TIMEOUT" "cluster registered" cluster_in_db \
         || die "slurmctld did not register cluster $CLUSTER with slurmdbd; see $LOG/slurmctld.log"
     trap - EXIT
-    log "started in $((SECONDS - t0)) s: node $NODE idle, partitions debug (default) and cpu, state in $STATE"
+    log "started in $((SECONDS - t0)) s: node(s) ${NODES[*]} idle, partitions debug (default) and cpu, state in $STATE"
     print_env
 }
 
@@ -456,7 +603,9 @@ cmd_stop() {
     fi
     # slurmctld sends what accounting it still holds to slurmdbd, so slurmdbd (and its database)
     # go after it; munged last, as the others use it while they shut down.
-    stop_daemons slurmd slurmctld
+    local slurmds=() d
+    for d in "${DAEMONS[@]}"; do case "$d" in slurmd*) slurmds+=("$d") ;; esac; done
+    stop_daemons "${slurmds[@]}" slurmctld
     stop_daemons slurmdbd
     stop_daemons mariadbd munged
     local strays
@@ -468,6 +617,8 @@ cmd_stop() {
         wait_for 30 "strays to exit" bash -c "! kill -0 $(awk '{print $1}' <<<"$strays" | xargs) 2>/dev/null" \
             || { log "sending SIGKILL"; while read -r pid name; do kill -KILL "$pid" 2>/dev/null || true; done <<<"$strays"; }
     fi
+    teardown_hosts
+    rm -f "$HOSTS_FILE"
     log "stopped in $((SECONDS - t0)) s ($STATE)"
 }
 

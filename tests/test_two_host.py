@@ -1,0 +1,266 @@
+"""Multi-node runs across two hosts on one machine: a Slurm cluster whose two compute hosts are
+network + UTS namespaces with their own hostname and address (tests/slurm_cluster.py
+``two_host_cluster``; launchers/slurm/local_cluster.sh with QWEN3_TRN_SLURM_HOSTS=2), and
+multi-node torchrun with one node agent in each of two namespaces.
+
+Skipped, with the reason, where Slurm is not installed or the tests do not run as root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, compose_config, read_metrics, read_summary
+from tests.slurm_cluster import SlurmCluster, two_host_cluster, two_host_env, wait_for_state  # noqa: F401
+from tests.test_launcher_slurm import _job_log, _wait_until
+
+try:
+    import submitit
+except ImportError:
+    submitit = None
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(submitit is None, reason="submitit is not installed (pip install -e '.[slurm]')")]
+
+TINY = ["model=tiny", "logger=none", "training.seq_len=64", "optimizer.warmup_steps=1"]
+TWO_BY_TWO = ["launcher=slurm", "launcher.partition=cpu", "launcher.nnodes=2", "launcher.nproc_per_node=2", "parallelism=fsdp"]
+
+
+def _execute(overrides: list[str], run_dir: Path) -> dict | None:
+    from qwen3_trn.app import execute
+
+    return execute(compose_config(overrides, run_dir))
+
+
+def _address(name: str) -> str:
+    return socket.gethostbyname(name)
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _in_host(cluster: SlurmCluster, node: str) -> list[str]:
+    """The command prefix that runs a process on compute host ``node`` of the cluster: in its
+    network namespace and a UTS namespace with its hostname, as slurmd's processes run."""
+    port = cluster.script_env["QWEN3_TRN_SLURM_PORT"]
+    index = cluster.nodes.index(node) + 1
+    return [
+        "nsenter",
+        f"--net=/run/netns/qwen3trn-{port}-{index}",
+        "unshare",
+        "--uts",
+        "sh",
+        "-c",
+        'hostname "$1"; shift; exec "$@"',
+        "sh",
+        node,
+    ]
+
+
+def _two_agents(tmp_path: Path, endpoint: str, overrides: list[str], prefixes: tuple[list[str], list[str]] = ([], [])) -> list[Path]:
+    """Multi-node torchrun as a user on two machines starts it: the same command on each node
+    (launcher.nnodes=2, one rendezvous endpoint), each with a run directory of its own."""
+    run_id = f"twohost-{uuid.uuid4().hex[:8]}"
+    common = ["launcher.nnodes=2", f"launcher.rdzv_endpoint={endpoint}", f"launcher.rdzv_id={run_id}", *overrides]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    dirs = [tmp_path / f"node{n}" for n in range(2)]
+    agents = [
+        subprocess.Popen(
+            [*prefix, sys.executable, "-m", "qwen3_trn", *common, f"hydra.run.dir={run_dir}"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for prefix, run_dir in zip(prefixes, dirs)
+    ]
+    try:
+        outputs = [agent.communicate(timeout=300) for agent in agents]
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
+    for agent, (_out, err) in zip(agents, outputs):
+        assert agent.returncode == 0, err[-3000:]
+    return dirs
+
+
+def _placements(run_dirs: list[Path]) -> dict[int, str]:
+    """rank -> the placement line its log starts with (qwen3_trn.worker.log_placement)."""
+    found = {}
+    for run_dir in run_dirs:
+        for log in (run_dir / "logs").glob("rank*.log"):
+            for line in log.read_text(errors="replace").splitlines():
+                match = re.search(r"rank (\d+)/\d+ on host (.*)", line)
+                if match:
+                    found[int(match.group(1))] = match.group(2)
+                    break
+    return found
+
+
+def test_two_host_fsdp_2x2_over_slurm_matches_the_same_ranks_on_one_host(two_host_env: SlurmCluster, tmp_path: Path):
+    first, second = two_host_env.nodes
+    run_dir = tmp_path / "2x2"
+    _execute([*TWO_BY_TWO, *TINY, "training.steps=3", "launcher.wait=true"], run_dir)
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed", _job_log(run_dir)[-3000:]
+    slurm = summary["slurm"]
+    assert wait_for_state(slurm["job_id"], "COMPLETED", timeout=30, env=two_host_env.env) == "COMPLETED"
+    # both hosts ran a task of the job; the c10d rendezvous was on the first node's name, whose
+    # address is its namespace's (not loopback, not the second host's)
+    assert slurm["hostnames"] == [first, second], slurm
+    host, _, port = slurm["rendezvous"].rpartition(":")
+    assert host == first and port.isdigit(), slurm
+    assert not _address(host).startswith("127.") and _address(host) != _address(second)
+    assert "2 node(s) x 2 rank(s)" in summary["layout"] and summary["world_size"] == 4, summary
+    # ranks 0-1 ran on the first host, 2-3 on the second (each rank's log says where)
+    hosts = _placements([run_dir])
+    assert {rank: where.split()[0] for rank, where in hosts.items()} == {0: first, 1: first, 2: second, 3: second}, hosts
+
+    # The same 4 ranks (2 agents x 2) on one host over loopback: the same losses, bitwise.
+    endpoint = f"127.0.0.1:{_free_port()}"
+    local = _two_agents(tmp_path / "one_host", endpoint, ["launcher.nproc_per_node=2", "parallelism=fsdp", *TINY, "training.steps=3"])
+    head = next(d for d in local if (d / "metrics.jsonl").exists())
+    across = [r["loss"] for r in read_metrics(run_dir)]
+    same_host = [r["loss"] for r in read_metrics(head)]
+    assert len(across) == 3 and across == same_host, (across, same_host)
+
+
+def test_two_host_trn2_multinode_environment_reaches_every_rank(two_host_env: SlurmCluster, tmp_path: Path):
+    first, second = two_host_env.nodes
+    run_dir = tmp_path / "trn2"
+    cpu = ["device=cpu", "launcher.nproc_per_node=1", "parallelism.dp_shard=1", "launcher.partition=cpu"]
+    _execute(["experiment=trn2_multinode", "launcher=slurm", *cpu, *TINY, "training.steps=2", "launcher.wait=true"], run_dir)
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed", _job_log(run_dir)[-3000:]
+    assert summary["slurm"]["hostnames"] == [first, second] and summary["world_size"] == 2, summary
+    # the experiment's Neuron/EFA variables, exported by the sbatch script, in each rank's process
+    expected = "NEURON_LOGICAL_NC_CONFIG=2, FI_PROVIDER=efa, FI_EFA_USE_DEVICE_RDMA=1, FI_EFA_FORK_SAFE=1"
+    hosts = _placements([run_dir])
+    assert sorted(hosts) == [0, 1], hosts
+    for rank, node in ((0, first), (1, second)):
+        assert hosts[rank].startswith(f"{node} ") and hosts[rank].endswith(f"launcher.env here: {expected}"), hosts
+    submitted = Path(summary["slurm"]["submission_file"]).read_text()
+    assert "export FI_PROVIDER=efa" in submitted and "#SBATCH --nodes=2" in submitted
+
+
+def test_two_host_torchrun_between_two_namespaces(two_host_cluster: SlurmCluster, tmp_path: Path):
+    """Without Slurm: one node agent in each host's namespaces, the rendezvous endpoint on the
+    first host's name (its address on the private subnet), as on two machines."""
+    first, second = two_host_cluster.nodes
+    endpoint = f"{first}:{_free_port()}"
+    prefixes = (_in_host(two_host_cluster, first), _in_host(two_host_cluster, second))
+    dirs = _two_agents(tmp_path, endpoint, ["launcher.nproc_per_node=1", "parallelism=fsdp", *TINY, "training.steps=2"], prefixes)
+    head = next(d for d in dirs if (d / "metrics.jsonl").exists())
+    assert head == dirs[0], "global rank 0 is on the host of the rendezvous endpoint"
+    assert [r["step"] for r in read_metrics(head)] == [1, 2]
+    summary = read_summary(head)
+    assert summary["world_size"] == 2 and "2 node(s) x 1 rank(s)" in summary["layout"], summary
+    hosts = _placements(dirs)
+    assert {rank: where.split()[0] for rank, where in hosts.items()} == {0: first, 1: second}, hosts
+    # the second host reaches the first only over the subnet: its loopback is its own
+    assert not _address(first).startswith("127.")
+
+
+def _ended(run_dir: Path, timeout: float) -> dict:
+    from qwen3_trn.launch.slurm.state import refresh_runs
+
+    return _wait_until(
+        lambda: next((s for s in refresh_runs([run_dir]) if s["status"] in ("completed", "failed", "cancelled")), None),
+        timeout,
+        "the job's end",
+        poll=1,
+    )
+
+
+TWO_NODES = ["launcher=slurm", "launcher.partition=cpu", "launcher.nnodes=2", "launcher.nproc_per_node=1", "parallelism=fsdp"]
+
+
+def test_two_host_requeued_job_resumes_with_the_same_wandb_run(two_host_env: SlurmCluster, tmp_path: Path):
+    run_dir = tmp_path / "run"
+    overrides = [*TWO_NODES, *TINY, "logger=wandb", "training.steps=8", "checkpoint=on", "checkpoint.interval=2"]
+    summary = _execute(overrides, run_dir)
+    job_id = summary["slurm"]["job_id"]
+    _wait_until(lambda: (run_dir / "checkpoint" / "step-2" / ".metadata").is_file(), 180, "the first checkpoint")
+    # what a preemption or a time limit does: USR2 to the job, submitit's checkpoint hook, requeue
+    submitit.SlurmJob(folder=run_dir / "slurm", job_id=job_id)._interrupt(timeout=False)
+    final = _ended(run_dir, 240)
+    assert final["status"] == "completed", _job_log(run_dir)[-3000:]
+    runs = two_host_env.run("sacct", "-n", "-D", "-X", "-P", "-j", job_id, "-o", "State").stdout.split()
+    assert runs == ["REQUEUED", "COMPLETED"], runs
+
+    summary = read_summary(run_dir)
+    records = read_metrics(run_dir)
+    steps = [r["step"] for r in records]
+    first_run = [r["step"] for r in records if r["time"] < summary["slurm"]["started"]]
+    second_run = [r["step"] for r in records if r["time"] >= summary["slurm"]["started"]]
+    assert first_run and second_run and first_run + second_run == steps, steps
+    # no gap, no repeated step: the second run starts right after the last step the first logged
+    # (it resumed from a checkpoint at or before it, and logs only the steps after that line)
+    assert steps == list(range(1, 9)), steps
+    assert summary["slurm"]["restarts"] == 1 and summary["slurm"]["hostnames"] == list(two_host_env.nodes), summary
+    run_id = json.loads((run_dir / "tracking.json").read_text())["wandb"]["id"]
+    assert summary["wandb_run_id"] == run_id
+    offline = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline) == 2 and all(name.endswith(f"-{run_id}") for name in offline), offline
+
+
+def _rank_pids(namespace: str) -> list[int]:
+    """The training ranks (started by torch elastic's agent) running in a network namespace."""
+    pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, check=True).stdout.split()
+    ranks = []
+    for pid in map(int, pids):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "spawn_main" in cmdline:  # the agent starts its ranks with multiprocessing's spawn
+            ranks.append(pid)
+    return ranks
+
+
+def test_two_host_ranks_of_one_node_killed_fail_the_job_and_it_resumes(two_host_env: SlurmCluster, tmp_path: Path):
+    first, second = two_host_env.nodes
+    run_dir = tmp_path / "run"
+    common = [*TWO_NODES, *TINY, "checkpoint=on", "checkpoint.interval=2", "checkpoint.keep_latest_k=0"]
+    _execute([*common, "training.steps=400"], run_dir)
+    _wait_until(lambda: (run_dir / "checkpoint" / "step-4" / ".metadata").is_file(), 180, "the second checkpoint")
+    port = two_host_env.script_env["QWEN3_TRN_SLURM_PORT"]
+    victims = _wait_until(lambda: _rank_pids(f"qwen3trn-{port}-2"), 30, "the second node's ranks")
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    final = _ended(run_dir, 180)
+    assert final["status"] == "failed", final
+    summary = read_summary(run_dir)
+    assert summary["slurm"]["state"] == "FAILED"
+    # the error names the node whose ranks died, and why, first
+    assert summary["error"].startswith(
+        f"Slurm job {summary['slurm']['job_id']} FAILED: node {second} (#1): rank 1 failed: Signal 9 (SIGKILL)"
+    ), summary["error"]
+    assert wait_for_state(summary["slurm"]["job_id"], "FAILED", timeout=30, env=two_host_env.env) == "FAILED"
+
+    # the checkpoints written before stay loadable: a 2-node job resumes from the latest and continues
+    saved = sorted(int(p.name.split("-")[1]) for p in (run_dir / "checkpoint").glob("step-*") if (p / ".metadata").is_file())
+    assert saved and saved[0] == 2, saved
+    last = saved[-1]
+    resumed = tmp_path / "resumed"
+    _execute([*common, f"training.steps={last + 2}", f"checkpoint.resume_from={run_dir}", "launcher.wait=true"], resumed)
+    summary = read_summary(resumed)
+    assert summary["status"] == "completed", _job_log(resumed)[-3000:]
+    assert summary["resumed_from"] == str(run_dir / "checkpoint" / f"step-{last}"), summary
+    assert [r["step"] for r in read_metrics(resumed)] == [last + 1, last + 2]
+    assert first in summary["slurm"]["hostnames"]
