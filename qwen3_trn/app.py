@@ -164,9 +164,11 @@ def execute(cfg_node: DictConfig) -> dict | None:
     if str(run_dir) != str(requested):
         print(f"qwen3_trn: {requested} was taken by a run started at the same time; this run writes to {run_dir}", flush=True)
     resume = prepared.resume
-    for note in [compile_warning(cfg), *(resume.notes() if resume else [])]:
-        if note:
-            print(f"qwen3_trn: {note}", flush=True)
+    warning = compile_warning(cfg)
+    if warning:
+        print(f"qwen3_trn: {warning}", file=sys.stderr, flush=True)
+    for note in resume.notes() if resume else []:
+        print(f"qwen3_trn: {note}", flush=True)
     node = OmegaConf.structured(cfg)  # typed: absolute paths, the claimed directory
     write_run_files(run_dir, node, _overrides(), prepared.trainer_config.to_dict())
     scrub_hydra_files(run_dir)

@@ -25,6 +25,8 @@ def test_plan_for_trainium_prints_world_torchrun_and_trainer_config(run_dir):
     assert '"backend": "neuron"' in trainer_config and '"grad_clip"' in trainer_config
     assert (run_dir / "plan.txt").read_text() == out
     assert not (run_dir / "metrics.jsonl").exists()
+    # torchtitan-neuron's fork compiles grad_clip (compile=neuron's list); upstream, here, does not
+    assert "compile.components: grad_clip will not be compiled" in result.stderr
 
 
 @pytest.mark.slow

@@ -94,7 +94,7 @@ def test_a_missing_module_or_field_is_named(monkeypatch):
 def test_a_compile_component_torchtitan_ignores_is_one_warning_line(run_dir):
     done = in_process(["mode=plan", "compile=inductor", "compile.components=[model,loss,grad_clip]"], run_dir)
     assert done.returncode == 0, done.stderr[-3000:]
-    warnings = [line for line in done.stdout.splitlines() if "warning: compile.components" in line]
+    warnings = [line for line in done.stderr.splitlines() if "warning: compile.components" in line]
     assert warnings == [
         "qwen3_trn: warning: compile.components: grad_clip will not be compiled: torchtitan 0.3.0 compiles only model and loss "
         "and ignores the rest, so it runs eagerly; drop grad_clip from compile.components to silence this."
