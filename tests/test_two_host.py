@@ -112,7 +112,7 @@ def _placements(run_dirs: list[Path]) -> dict[int, str]:
     return found
 
 
-def test_two_host_fsdp_2x2_over_slurm_matches_the_same_ranks_on_one_host(two_host_env: SlurmCluster, tmp_path: Path):
+def test_two_host_fsdp_2x2_across_hosts_matches_the_same_ranks_on_one_host(two_host_env: SlurmCluster, tmp_path: Path):
     first, second = two_host_env.nodes
     run_dir = tmp_path / "2x2"
     _execute([*TWO_BY_TWO, *TINY, "training.steps=3", "launcher.wait=true"], run_dir)
