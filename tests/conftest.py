@@ -127,6 +127,28 @@ _ENTRY_POINT_ENV = {name: os.environ.get(name) for name in ("HYDRA_FULL_ERROR", 
 
 
 @pytest.fixture(autouse=True)
+def _process_left_as_found() -> Iterator[None]:
+    """A test leaves this process's working directory and ``PYTHONPATH`` as it found them: the
+    processes later tests start (Slurm jobs, ranks) inherit them."""
+    cwd, pythonpath = os.getcwd(), os.environ.get("PYTHONPATH")
+    yield
+    changed = [
+        what
+        for what, before, now in (
+            ("the working directory", cwd, os.getcwd()),
+            ("PYTHONPATH", pythonpath, os.environ.get("PYTHONPATH")),
+        )
+        if before != now
+    ]
+    os.chdir(cwd)
+    if pythonpath is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = pythonpath
+    assert not changed, f"the test changed {', '.join(changed)} of the test process"
+
+
+@pytest.fixture(autouse=True)
 def _outside_any_hydra_run() -> None:
     """Each test starts outside a Hydra run: Hydra's entry point called in this process (by
     ``command_in_process`` or tests/test_entry_point.py) leaves its ``HydraConfig`` set, which

@@ -119,7 +119,7 @@ def test_two_host_fsdp_2x2_across_hosts_matches_the_same_ranks_on_one_host(two_h
     summary = read_summary(run_dir)
     assert summary["status"] == "completed", _job_log(run_dir)[-3000:]
     slurm = summary["slurm"]
-    assert wait_for_state(slurm["job_id"], "COMPLETED", timeout=30, env=two_host_env.env) == "COMPLETED"
+    assert wait_for_state(slurm["job_id"], "COMPLETED", timeout=120, env=two_host_env.env) == "COMPLETED"
     # both hosts ran a task of the job; the c10d rendezvous was on the first node's name, whose
     # address is its namespace's (not loopback, not the second host's)
     assert slurm["hostnames"] == [first, second], slurm
@@ -240,7 +240,7 @@ def test_two_host_ranks_of_one_node_killed_fail_the_job_and_it_resumes(two_host_
     _execute([*common, "training.steps=400"], run_dir)
     _wait_until(lambda: (run_dir / "checkpoint" / "step-4" / ".metadata").is_file(), 180, "the second checkpoint")
     port = two_host_env.script_env["QWEN3_TRN_SLURM_PORT"]
-    victims = _wait_until(lambda: _rank_pids(f"qwen3trn-{port}-2"), 30, "the second node's ranks")
+    victims = _wait_until(lambda: _rank_pids(f"qwen3trn-{port}-2"), 120, "the second node's ranks")
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
     final = _ended(run_dir, 180)
@@ -251,7 +251,7 @@ def test_two_host_ranks_of_one_node_killed_fail_the_job_and_it_resumes(two_host_
     assert summary["error"].startswith(
         f"Slurm job {summary['slurm']['job_id']} FAILED: node {second} (#1): rank 1 failed: Signal 9 (SIGKILL)"
     ), summary["error"]
-    assert wait_for_state(summary["slurm"]["job_id"], "FAILED", timeout=30, env=two_host_env.env) == "FAILED"
+    assert wait_for_state(summary["slurm"]["job_id"], "FAILED", timeout=120, env=two_host_env.env) == "FAILED"
 
     # the checkpoints written before stay loadable: a 2-node job resumes from the latest and continues
     saved = sorted(int(p.name.split("-")[1]) for p in (run_dir / "checkpoint").glob("step-*") if (p / ".metadata").is_file())
