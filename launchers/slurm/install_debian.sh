@@ -6,7 +6,8 @@
 # Must run as root (or through sudo). Idempotent: already-installed packages are left alone.
 set -euo pipefail
 
-PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
+# iproute2 and util-linux (ip, nsenter, unshare): the two-host cluster's namespaces
+PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server iproute2 util-linux)
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
@@ -14,7 +15,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v slurmdbd >/dev/null \
-    && command -v sacct >/dev/null && command -v munged >/dev/null && command -v mariadbd >/dev/null; then
+    && command -v sacct >/dev/null && command -v munged >/dev/null && command -v mariadbd >/dev/null \
+    && command -v ip >/dev/null && command -v nsenter >/dev/null; then
     echo "install_debian.sh: Slurm, munge and MariaDB are already installed"
     exit 0
 fi
