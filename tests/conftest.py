@@ -56,6 +56,8 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 # Files whose tests share the session's runs (``hf_export_run``) run in one worker, and so do the
 # tests on the session's Slurm cluster (their names say slurm), so one worker starts one cluster.
 SHARED_SCOPES = {"tests/test_hf_export.py": "hf_export", "tests/test_hf_v5.py": "hf_export"}
+# The longest groups, one job after another on a cluster, start first rather than last.
+FIRST_SCOPES = ("slurm", "tests/test_two_host.py")
 
 
 class SharedRunScheduling(LoadFileScheduling):
@@ -66,6 +68,12 @@ class SharedRunScheduling(LoadFileScheduling):
         if "slurm" in path or "slurm" in name:
             return "slurm"
         return SHARED_SCOPES.get(path, path)
+
+    def _assign_work_unit(self, node: Any) -> None:
+        for scope in reversed(FIRST_SCOPES):
+            if scope in self.workqueue:
+                self.workqueue.move_to_end(scope, last=False)
+        super()._assign_work_unit(node)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> SharedRunScheduling:

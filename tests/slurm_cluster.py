@@ -165,6 +165,8 @@ def start_cluster(state_dir: Path, hosts: int = 1) -> SlurmCluster:
             "QWEN3_TRN_SLURM_DIR": str(state_dir),
             "QWEN3_TRN_SLURM_PORT": str(_free_port_base()),
             "QWEN3_TRN_SLURM_HOSTS": str(hosts),
+            # submitit caches job states by id in this process: each cluster its own ids
+            "QWEN3_TRN_SLURM_FIRST_JOB_ID": str(1 + 100_000 * (hosts - 1)),
         }
         result = _script("start", env)
     elapsed = time.monotonic() - t0

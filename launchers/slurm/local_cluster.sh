@@ -29,6 +29,8 @@
 #                           node's namespaces, so traffic between nodes goes over these addresses.
 #                           `stop` removes the namespaces, veths, bridge and /etc/hosts lines.
 #   QWEN3_TRN_SLURM_SUBNET  first three octets of the hosts' subnet   [10.237.S]
+#   QWEN3_TRN_SLURM_FIRST_JOB_ID  the first job id (FirstJobId)        [1]; clusters used from one
+#                           process (submitit caches job states by id) need ids of their own
 #
 # Needs root: the daemons run as root (SlurmUser=root; see README.md). Clients (sbatch, squeue,
 # sacct, submitit) work for any user with SLURM_CONF=<state>/slurm.conf.
@@ -199,6 +201,7 @@ write_configs() {
 # Written by launchers/slurm/local_cluster.sh: a cluster of $HOSTS compute host(s) on $NODE. Edits
 # are lost on the next start from a stopped state.
 ClusterName=$CLUSTER
+FirstJobId=${QWEN3_TRN_SLURM_FIRST_JOB_ID:-1}
 SlurmctldHost=$NODE($ctld_addr)
 SlurmctldPort=$PORT
 SlurmdPort=$((PORT + 1))
