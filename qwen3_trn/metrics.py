@@ -38,9 +38,11 @@ from qwen3_trn.records import (
     CONFIG_FILE,
     LAUNCH_TIME_ENV,
     METRICS_FILE,
+    read_metrics,
     summarize,
     update_summary,
     write_metrics_summary,
+    write_text_atomic,
 )
 from qwen3_trn.titan import BaseLogger, LoggerContainer, MetricsProcessor, _get_metrics_rank
 from qwen3_trn.tracking import start_wandb
@@ -124,14 +126,12 @@ class JsonlLogger(BaseLogger):
         again after its checkpoint: the lines an earlier start logged from ``step`` on belong to
         training state that the checkpoint did not keep, and are dropped, so that the file has
         each step once and in order."""
-        lines = self.path.read_text().splitlines()
-        kept = [line for line in lines if not line.strip() or json.loads(line).get("step", 0) < step]
-        if len(kept) == len(lines):
+        records = read_metrics(self.path.parent)  # a torn last line (a killed start) is skipped
+        kept = [record for record in records if record["step"] < step]
+        if len(kept) == len(records):
             return
         self._file.close()
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept if line.strip()))
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, "".join(json.dumps(record) + "\n" for record in kept))
         self._file = self.path.open("a", buffering=1)
 
     def flush(self) -> None:

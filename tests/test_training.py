@@ -128,3 +128,20 @@ def _records(run_dir):
         return read_metrics(run_dir)
     except (OSError, ValueError):  # not there yet, or a line being written
         return []
+
+
+def test_a_resumed_start_drops_the_lines_after_its_checkpoint_and_a_torn_last_line(tmp_path):
+    """A start resumed from step 2 of a run that was killed while writing step 4: the file keeps
+    steps 1-2 of the first start and goes on with the resumed ones, each step once."""
+    from qwen3_trn.metrics import JsonlLogger
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": float(s)}) + "\n" for s in (1, 2, 3)) + '{"step": 4, "lo')
+    logger = JsonlLogger(path, data_parallel=1, launch_time=None)
+    logger._write({"step": 3, "loss": 30.0})
+    logger._file.close()
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [
+        {"step": 1, "loss": 1.0},
+        {"step": 2, "loss": 2.0},
+        {"step": 3, "loss": 30.0},
+    ]
