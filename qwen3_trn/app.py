@@ -51,6 +51,8 @@ from qwen3_trn.records import (
     TRACEBACK_ENV,
     RunStatus,
     claim_run_dir,
+    job_label,
+    job_section,
     read_metrics,
     release_run_dir,
     remove_empty_dirs,
@@ -95,8 +97,7 @@ def _timestamp_levels(pattern: str) -> int:
 def _print_summary(summary: dict) -> None:
     console = Console()
     if summary.get("status") == RunStatus.submitted:
-        slurm = summary.get("slurm") or {}
-        console.print(f"qwen3_trn: submitted Slurm job {slurm.get('job_id')}; outputs: {summary.get('run_dir')}", soft_wrap=True)
+        console.print(f"qwen3_trn: submitted {job_label(job_section(summary))}; outputs: {summary.get('run_dir')}", soft_wrap=True)
         return
     if not summary.get("steps_logged"):
         # Multi-node: metrics are written by the node that hosted global rank 0.
@@ -204,8 +205,8 @@ def execute(cfg_node: DictConfig) -> dict | None:
         status = RunStatus.interrupted
         raise
     except BaseException as exc:
-        status = getattr(exc, "run_status", RunStatus.failed)  # e.g. cancelled: a waited-for Slurm job
-        # A launcher that ends with SystemExit (a waited-for Slurm job) has recorded the why itself.
+        status = getattr(exc, "run_status", RunStatus.failed)  # e.g. cancelled: a waited-for launcher's job
+        # A launcher that ends with SystemExit (a waited-for job elsewhere) has recorded the why itself.
         error = {} if isinstance(exc, SystemExit) else {"error": describe_error(exc)}
         if not isinstance(exc, SystemExit):
             write_text_atomic(run_dir / ERROR_LOG, f"{error['error']}\n\n{traceback.format_exc()}")

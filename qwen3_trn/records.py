@@ -1,9 +1,15 @@
 """The records of a run and of a sweep: one module owns the files in their directories.
 
 Every file name, every writer (atomic: written to a temporary file, then renamed over the
-target), the status a run or sweep job can have, the environment variables the project passes
-between its processes, and loading a run's saved config. Nothing here imports torch, so the
-report and the sweep read runs without it.
+target), every reader of a record, the status a run or sweep job can have, the environment
+variables the project passes between its processes, and loading a run's saved config. Nothing
+here imports torch, so the report and the sweep read runs without it.
+
+A run whose ranks run elsewhere (a Slurm job) has one launcher-neutral ``job`` section in its
+``summary.json`` (and in its sweep job's records): the launcher's name, the job's ``id``,
+``state``, ``label``, ``stdout``/``stderr``/``logs`` and whatever else that launcher records.
+Records of earlier versions, with a ``slurm`` section instead, are read in the new shape
+(``migrate_record``).
 """
 
 from __future__ import annotations
@@ -47,6 +53,12 @@ CLAIM_FILE = ".qwen3_trn-run"
 # Present in a directory that holds (or held) a run.
 RUN_MARKERS = (CLAIM_FILE, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, "checkpoint")
 
+# --- sections of a run's records ---
+# The job a launcher started elsewhere: {"launcher": <name>, "id", "state", "label", "stdout", ...}
+JOB_SECTION = "job"
+# Where records of earlier versions kept a Slurm job (read as JOB_SECTION)
+LEGACY_SLURM_SECTION = "slurm"
+
 # --- files of a sweep directory and of its jobs ---
 SWEEP_FILE = "sweep.json"
 # Where a rerun of a sweep moves the directories of the jobs it runs again.
@@ -58,8 +70,6 @@ ERROR_LOG = "error.log"
 # --- environment variables between the project's processes ---
 # Wall-clock time at which the command started its ranks (seconds to the first step).
 LAUNCH_TIME_ENV = "QWEN3_TRN_LAUNCH_TIME"
-# Set inside a Slurm job: the ranks run here, so no submission checks.
-ON_SLURM_NODE_ENV = "QWEN3_TRN_SLURM_NODE"
 # Show Python tracebacks for configuration errors.
 TRACEBACK_ENV = "QWEN3_TRN_TRACEBACK"
 # Machine-wide lock directory of device packing.
@@ -317,24 +327,57 @@ def load_run_config(path: str | Path) -> RunConfig:
 # ------------------------------------------------------------------------------------------
 
 
+_migration_noted = False
+
+
+def migrate_record(record: dict[str, Any] | None, path: Path | None = None) -> dict[str, Any] | None:
+    """A run's or sweep job's record in the current shape: the ``slurm`` section of earlier
+    versions becomes the ``job`` section (``job_id`` -> ``id``, with the launcher's name and
+    label). Every reader of a record goes through here; the file is rewritten in the new shape
+    at its next update. One line on stderr the first time a process meets such a record."""
+    global _migration_noted
+    if not isinstance(record, dict) or LEGACY_SLURM_SECTION not in record:
+        return record
+    legacy = record.pop(LEGACY_SLURM_SECTION) or {}
+    if JOB_SECTION not in record and isinstance(legacy, dict):
+        job = {("id" if key == "job_id" else key): value for key, value in legacy.items()}
+        record[JOB_SECTION] = {"launcher": "slurm", "label": f"Slurm job {job.get('id')}", **job}
+    if not _migration_noted:
+        _migration_noted = True
+        where = f" ({path})" if path else ""
+        print(f"qwen3_trn: a record of an earlier version{where} has a 'slurm' section; read as the 'job' section", file=sys.stderr)
+    return record
+
+
+def job_section(record: dict[str, Any] | None) -> dict[str, Any]:
+    """The record's launcher-neutral ``job`` section ({} for a run that started no job elsewhere)."""
+    return (record or {}).get(JOB_SECTION) or {}
+
+
+def job_label(job: dict[str, Any]) -> str:
+    """How a job section's job is named in messages (``Slurm job 12``)."""
+    return job.get("label") or f"{job.get('launcher')} job {job.get('id')}"
+
+
 def read_summary(run_dir: Path) -> dict[str, Any]:
-    return read_json(Path(run_dir) / SUMMARY_FILE) or {}
+    path = Path(run_dir) / SUMMARY_FILE
+    return migrate_record(read_json(path), path) or {}
 
 
 def update_summary(run_dir: Path, /, **fields: Any) -> dict[str, Any]:
-    """Merge ``fields`` into summary.json (a ``slurm`` section key by key), atomically and
-    under a lock: the submitting process, the metrics rank and a Slurm job all update it."""
+    """Merge ``fields`` into summary.json (the ``job`` section key by key), atomically and
+    under a lock: the submitting process, the metrics rank and a launcher's job all update it."""
     path = Path(run_dir) / SUMMARY_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path):
-        summary = read_json(path) or {}
-        slurm = fields.pop("slurm", None)
+        summary = migrate_record(read_json(path), path) or {}
+        job = fields.pop(JOB_SECTION, None)
         summary.update({k: str(v) if isinstance(v, RunStatus) else v for k, v in fields.items()})
-        if slurm is not None:
-            previous = summary.get("slurm") or {}
+        if job is not None:
+            previous = job_section(summary)
             # per-node entries (node_errors: {host: ...}) from the job's nodes are merged, not replaced
-            nested = {k: {**previous[k], **v} for k, v in slurm.items() if isinstance(v, dict) and isinstance(previous.get(k), dict)}
-            summary["slurm"] = {**previous, **slurm, **nested}
+            nested = {k: {**previous[k], **v} for k, v in job.items() if isinstance(v, dict) and isinstance(previous.get(k), dict)}
+            summary[JOB_SECTION] = {**previous, **job, **nested}
         write_json_atomic(path, summary)
     return summary
 
@@ -420,8 +463,12 @@ def write_sweep_file(sweep_dir: Path, shared: dict[str, Any]) -> None:
     write_json_atomic(Path(sweep_dir) / SWEEP_FILE, shared)
 
 
-def read_job_record(run_dir: Path) -> dict[str, Any] | None:
-    return read_json(Path(run_dir) / JOB_FILE)
+def read_job_record(path: Path) -> dict[str, Any] | None:
+    """A sweep job's record: ``path`` is its run directory (its job.json) or the record's file."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / JOB_FILE
+    return migrate_record(read_json(path), path)
 
 
 def write_job_record(run_dir: Path, record: dict[str, Any]) -> None:
@@ -434,14 +481,18 @@ def job_records(sweep_dir: Path) -> dict[int, dict[str, Any]]:
     for path in sorted(Path(sweep_dir).glob(f"**/{JOB_FILE}")):
         if ATTEMPTS_DIR in path.relative_to(sweep_dir).parts:
             continue
-        job = read_json(path)
+        job = read_job_record(path)
         if job and job.get("num") is not None:
             jobs.setdefault(int(job["num"]), job)
     return jobs
 
 
 def read_manifest(sweep_dir: Path) -> dict[str, Any] | None:
-    return read_json(Path(sweep_dir) / MANIFEST_FILE)
+    path = Path(sweep_dir) / MANIFEST_FILE
+    manifest = read_json(path)
+    for job in (manifest or {}).get("jobs") or []:
+        migrate_record(job, path)
+    return manifest
 
 
 def write_manifest_file(sweep_dir: Path, manifest: dict[str, Any]) -> None:

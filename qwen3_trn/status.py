@@ -1,6 +1,7 @@
 """``python -m qwen3_trn.status <run or sweep dir>... [--wait] [--json]``: the current state of
-runs whose ranks run elsewhere (a Slurm job), read from their launcher into ``summary.json``,
-the sweep jobs' ``job.json`` and the sweep manifest (whose report is built once all ended)."""
+runs whose ranks run elsewhere (a launcher's job, e.g. Slurm's), read from their launcher into
+``summary.json``, the sweep jobs' ``job.json`` and the sweep manifest (whose report is built
+once all ended). Rows come from the records' launcher-neutral ``job`` section."""
 
 from __future__ import annotations
 
@@ -9,19 +10,20 @@ import json
 import sys
 from pathlib import Path
 
-from qwen3_trn.records import RunStatus, is_sweep_dir, run_dirs_under
+from qwen3_trn.records import RunStatus, is_sweep_dir, job_section, run_dirs_under
 from qwen3_trn.sweep import refresh_runs, refresh_sweep
 
 
 def _row(record: dict, num=None) -> dict:
-    slurm = record.get("slurm") or {}
+    job = job_section(record)
     status = record.get("status")
     return {
         "run_dir": record.get("run_dir"),
         "status": status,
-        "job_id": slurm.get("job_id"),
-        "state": slurm.get("state"),
-        "log": record.get("log") or (slurm.get("stderr") if status == RunStatus.failed else slurm.get("stdout")),
+        "launcher": job.get("launcher"),
+        "job_id": job.get("id"),
+        "state": job.get("state"),
+        "log": record.get("log") or (job.get("stderr") if status == RunStatus.failed else job.get("stdout")),
         "num": num,
     }
 

@@ -41,14 +41,16 @@ from qwen3_trn.launch import LAUNCHERS
 from qwen3_trn.records import (
     ERROR_LOG,
     IN_FLIGHT_STATUSES,
-    JOB_FILE,
+    JOB_SECTION,
     LOGS_DIR,
     MANIFEST_FILE,
     SUMMARY_FILE,
     RunStatus,
     holds_run,
+    job_label,
     job_records,
-    read_json,
+    job_section,
+    read_job_record,
     read_manifest,
     read_summary,
     read_sweep_file,
@@ -64,9 +66,19 @@ from qwen3_trn.report import build_report
 from qwen3_trn.report.search import BEST_FILE, SEARCH_HTML
 from qwen3_trn.tracking import finish_dangling_run
 
-# Statuses of jobs that run elsewhere (launcher=slurm), only planned (mode=plan) or stopped
-# early by a search's pruner (qwen3_trn.search).
-OTHER_STATUSES = ("cancelled", "interrupted", "submitted", "pending", "running", "planned", "pruned")
+# Counted in every sweep summary.
+COUNTED_STATUSES = (RunStatus.completed, RunStatus.failed, RunStatus.skipped)
+# Counted when present: jobs that run elsewhere (a launcher's job), only planned (mode=plan) or
+# stopped early by a search's pruner (qwen3_trn.search).
+OTHER_STATUSES = (
+    RunStatus.cancelled,
+    RunStatus.interrupted,
+    RunStatus.submitted,
+    RunStatus.pending,
+    RunStatus.running,
+    RunStatus.planned,
+    RunStatus.pruned,
+)
 FINAL_KEYS = (
     "steps_logged",
     "first_loss",
@@ -148,39 +160,41 @@ def run_sweep_job(execute: Callable[[Any], dict | None], cfg_node: Any) -> dict[
         "name": ctx.get("name"),
         "overrides": ctx.get("overrides", []),
         "run_dir": str(job_dir),
-        "status": "running",
+        "status": RunStatus.running,
         "started": time.time(),
     }
     summary = None
     try:
         summary = execute(cfg_node)
-        # launcher=slurm (jobs run on the cluster; states: qwen3_trn.launch.slurm) and mode=plan
+        # a job that runs elsewhere (its launcher's job section) and mode=plan
         record["status"] = (
-            str(summary["status"]) if summary and summary.get("status") in (RunStatus.submitted, RunStatus.planned) else "completed"
+            RunStatus(summary["status"])
+            if summary and summary.get("status") in (RunStatus.submitted, RunStatus.planned)
+            else RunStatus.completed
         )
     except NotApplicable as exc:
-        record.update(status="skipped", reason=str(exc), error_key=exc.key)
+        record.update(status=RunStatus.skipped, reason=str(exc), error_key=exc.key)
     except KeyboardInterrupt:
-        record.update(status="interrupted", ended=time.time())
+        record.update(status=RunStatus.interrupted, ended=time.time())
         if not foreign:
             write_job_record(job_dir, record)
         raise
     except BaseException as exc:  # noqa: BLE001 - a sweep records every failure and goes on
         if getattr(exc, "run_status", None) == RunStatus.pruned:  # a search's pruner stopped this trial
-            record.update(status="pruned", reason=str(exc))
+            record.update(status=RunStatus.pruned, reason=str(exc))
         else:
-            record.update(status="failed", error=describe_error(exc), error_type=type(exc).__name__)
+            record.update(status=RunStatus.failed, error=describe_error(exc), error_type=type(exc).__name__)
             if isinstance(exc, ConfigError):
                 record["error_key"] = exc.key
             record["traceback"] = traceback.format_exc()
     finally:
-        finish_dangling_run(exit_code=0 if record["status"] in ("completed", "pruned") else 1)
+        finish_dangling_run(exit_code=0 if record["status"] in (RunStatus.completed, RunStatus.pruned) else 1)
         _destroy_process_group()
     record["ended"] = time.time()
     if summary is None and (job_dir / SUMMARY_FILE).is_file() and not foreign:
         summary = _pruned_run(job_dir, read_summary(job_dir))
-        if record["status"] == "failed" and summary.get("status") == RunStatus.pruned:
-            record.update(status="pruned", reason=_pruned_reason(summary))
+        if record["status"] == RunStatus.failed and summary.get("status") == RunStatus.pruned:
+            record.update(status=RunStatus.pruned, reason=_pruned_reason(summary))
             for key in ("error", "error_type", "error_key", "traceback"):
                 record.pop(key, None)
     if summary:
@@ -189,16 +203,16 @@ def run_sweep_job(execute: Callable[[Any], dict | None], cfg_node: Any) -> dict[
             record["wandb_run_id"] = summary["wandb_run_id"]
         if (summary.get("wandb_run") or {}).get("run_dir"):
             record["wandb_dir"] = summary["wandb_run"]["run_dir"]
-        for key in ("slurm", "plan"):  # the Slurm job (id, state, logs); a planned job's world and submission
+        for key in (JOB_SECTION, "plan"):  # the launcher's job (id, state, logs); a planned job's world and submission
             if summary.get(key):
                 record[key] = summary[key]
-        if summary.get("slurm") and record["status"] != "failed":
-            record["log"] = summary["slurm"].get("stdout")
-    if record["status"] == "failed":
+        if job_section(summary) and record["status"] != RunStatus.failed:
+            record["log"] = job_section(summary).get("stdout")
+    if record["status"] == RunStatus.failed:
         record["rerun"] = rerun_command(record["overrides"])
     if not foreign:
         job_dir.mkdir(parents=True, exist_ok=True)
-        if record["status"] == "failed":
+        if record["status"] == RunStatus.failed:
             logs = sorted(str(p) for p in (job_dir / LOGS_DIR).glob("rank*.log")) if (job_dir / LOGS_DIR).is_dir() else []
             write_text_atomic(
                 job_dir / ERROR_LOG,
@@ -225,7 +239,7 @@ def run_sweep_job(execute: Callable[[Any], dict | None], cfg_node: Any) -> dict[
 
 def _pruned_run(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
     """The summary of a search's trial whose pruner stopped it where its launcher saw a failure
-    (ranks in their own processes, a Slurm job): status ``pruned``, no error; else as it is."""
+    (ranks in their own processes, a launcher's job): status ``pruned``, no error; else as it is."""
     if not summary.get("pruned") or summary.get("status") != RunStatus.failed:
         return summary
     summary = {k: v for k, v in summary.items() if k not in ("error", "error_log", "job_error")}
@@ -253,9 +267,9 @@ def _destroy_process_group() -> None:
 
 def _job_line(job: dict[str, Any]) -> str:
     label = job.get("name") or " ".join(job.get("overrides", []))
-    status = job.get("status", "?")
-    head = f"#{job.get('num')} {status.upper() if status == 'failed' else status:<9} {label}"
-    if status == "completed":
+    status = str(job.get("status", "?"))
+    head = f"#{job.get('num')} {status.upper() if status == RunStatus.failed else status:<9} {label}"
+    if status == RunStatus.completed:
         f = job.get("final", {})
         parts = []
         if "first_loss" in f and "last_loss" in f:
@@ -267,18 +281,18 @@ def _job_line(job: dict[str, Any]) -> str:
         if "peak_memory_gib" in f:
             parts.append(f"{f['peak_memory_gib']:.2f} GiB")
         return f"{head}: {', '.join(parts)}  ({job.get('run_dir')})"
-    if status == "skipped":
+    if status == RunStatus.skipped:
         return f"{head}: {'invalid' if job.get('invalid') else 'does not apply'}: {job.get('reason')}"
-    if status == "pruned":
+    if status == RunStatus.pruned:
         return f"{head}: {job.get('reason')}  ({job.get('run_dir')})"
-    if status == "failed":
+    if status == RunStatus.failed:
         return f"{head}: {job.get('error')}  (log: {job.get('log') or job.get('run_dir')})"
-    if status == "planned" and job.get("plan"):
+    if status == RunStatus.planned and job.get("plan"):
         plan = job["plan"]
         return f"{head}: world {plan.get('world_size')} on {plan.get('where')}  (plan: {plan.get('plan_file')})"
-    if job.get("slurm"):
-        slurm = job["slurm"]
-        return f"{head}: Slurm job {slurm.get('job_id')} {slurm.get('state') or ''}  (log: {slurm.get('stdout')})"
+    remote = job_section(job)
+    if remote:
+        return f"{head}: {job_label(remote)} {remote.get('state') or ''}  (log: {remote.get('stdout')})"
     return head
 
 
@@ -287,7 +301,7 @@ def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
     directory for a job whose directory held another run)."""
     jobs = job_records(sweep_dir)
     for path in sorted(sweep_dir.glob("job-*.json")):
-        job = read_json(path)
+        job = read_job_record(path)
         if job and job.get("num") is not None:
             jobs.setdefault(int(job["num"]), job)
     return [jobs[n] for n in sorted(jobs)]
@@ -295,8 +309,8 @@ def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
 
 def write_manifest(sweep_dir: Path, jobs: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> dict[str, Any]:
     shared = read_sweep_file(sweep_dir)
-    counts = {s: sum(1 for j in jobs if j.get("status") == s) for s in ("completed", "failed", "skipped")}
-    counts.update({s: n for s in OTHER_STATUSES if (n := sum(1 for j in jobs if j.get("status") == s))})  # only when present
+    counts = {str(s): sum(1 for j in jobs if j.get("status") == s) for s in COUNTED_STATUSES}
+    counts.update({str(s): n for s in OTHER_STATUSES if (n := sum(1 for j in jobs if j.get("status") == s))})  # only when present
     manifest = {
         "sweep_dir": str(sweep_dir),
         "group": shared.get("group") or default_group(sweep_dir),
@@ -307,7 +321,7 @@ def write_manifest(sweep_dir: Path, jobs: list[dict[str, Any]], extra: dict[str,
         "finished": time.time(),
         "counts": {**counts, "total": len(jobs)},
         "jobs": jobs,
-        "rerun_failed": [j["rerun"] for j in jobs if j.get("status") == "failed" and j.get("rerun")],
+        "rerun_failed": [j["rerun"] for j in jobs if j.get("status") == RunStatus.failed and j.get("rerun")],
         **(extra or {}),
     }
     if (sweep_dir / SEARCH_HTML).is_file():  # a search (qwen3_trn.search): its report and best trial
@@ -324,7 +338,7 @@ def format_summary(manifest: dict[str, Any]) -> str:
     lines = [
         f"== sweep {manifest['sweep_dir']} ==",
         f"{c['total']} jobs: {c['completed']} completed, {c['failed']} failed, {c['skipped']} skipped"
-        + "".join(f", {c[s]} {s}" for s in OTHER_STATUSES if c.get(s))
+        + "".join(f", {c[s]} {s}" for s in map(str, OTHER_STATUSES) if c.get(s))
         + f"   (wandb group {manifest['group']}; swept: {', '.join(manifest['swept_keys']) or '-'})",
     ]
     lines += ["  " + _job_line(job) for job in manifest["jobs"]]
@@ -344,23 +358,23 @@ def format_summary(manifest: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------
-# Jobs that run elsewhere (launcher=slurm): their states into the records
+# Jobs that run elsewhere (a launcher's job): their states into the records
 # ------------------------------------------------------------------------------------------
 
 
 def _merge_into_record(record: dict[str, Any], summary: dict[str, Any]) -> None:
-    slurm = summary.get("slurm") or {}
-    record["slurm"] = slurm
+    job = job_section(summary)
+    record[JOB_SECTION] = job
     status = summary.get("status") or record.get("status")
     if status == RunStatus.pruned:
         record["reason"] = _pruned_reason(summary)
     record["status"] = status
-    record["log"] = slurm.get("stderr") if status == RunStatus.failed else slurm.get("stdout")
+    record["log"] = job.get("stderr") if status == RunStatus.failed else job.get("stdout")
     final = _final_figures(summary)
     if final:
         record["final"] = final
     if status == RunStatus.failed:
-        record["error"] = summary.get("error") or f"Slurm job {slurm.get('job_id')} {slurm.get('state')}"
+        record["error"] = summary.get("error") or f"{job_label(job)} {job.get('state')}"
     else:
         record.pop("error", None)
     if summary.get("wandb_run_id"):
@@ -369,13 +383,13 @@ def _merge_into_record(record: dict[str, Any], summary: dict[str, Any]) -> None:
 
 def _sync_job_record(run_dir: Path, summary: dict[str, Any]) -> None:
     """A sweep job's job.json, brought in line with its run's summary."""
-    record = read_json(run_dir / JOB_FILE)
+    record = read_job_record(run_dir)
     if record is None:
         return
     _merge_into_record(record, summary)
     if record["status"] == RunStatus.failed:
         record["rerun"] = rerun_command(record.get("overrides", []))
-        logs = ", ".join((summary.get("slurm") or {}).get("logs", []))
+        logs = ", ".join(job_section(summary).get("logs", []))
         write_text_atomic(
             run_dir / ERROR_LOG, f"job {record.get('num')}: {' '.join(record.get('overrides', []))}\n{record.get('error')}\nlogs: {logs}\n"
         )
@@ -387,7 +401,8 @@ def refresh_runs(run_dirs: list[Path], wait: bool = False) -> list[dict[str, Any
     the run summaries and any sweep job records are updated. Returns the summaries."""
     by_launcher: dict[str, list[Path]] = {}
     for run_dir in run_dirs:
-        name = read_summary(run_dir).get("launcher") or "local"
+        summary = read_summary(run_dir)
+        name = job_section(summary).get("launcher") or summary.get("launcher") or "local"
         by_launcher.setdefault(name, []).append(Path(run_dir))
     summaries = []
     for name, dirs in by_launcher.items():
@@ -524,7 +539,7 @@ class SweepCallback(Callback):
             return
         num = int(config.hydra.job.num)
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
-        if any(job.get("num") == num and job.get("status") != "running" for job in collect_jobs(sweep_dir)):
+        if any(job.get("num") == num and job.get("status") != RunStatus.running for job in collect_jobs(sweep_dir)):
             return
         error = job_return._return_value
         write_json_atomic(
@@ -534,7 +549,7 @@ class SweepCallback(Callback):
                 "name": ",".join(redact_overrides(str(config.hydra.job.override_dirname or "").split(","))),
                 "overrides": redact_overrides(job_return.overrides or []),
                 "run_dir": str(Path(str(config.hydra.runtime.output_dir)).resolve()),
-                "status": "failed",
+                "status": RunStatus.failed,
                 "error": f"{type(error).__name__}: {error}",
                 "rerun": rerun_command(redact_overrides(job_return.overrides or [])),
             },
@@ -554,7 +569,7 @@ class SweepCallback(Callback):
                 f"[sweep] jobs still queued or running elsewhere; refresh their states with: python -m qwen3_trn.status {sweep_dir}",
                 flush=True,
             )
-        if self.report and jobs and not in_flight and not all(job.get("status") == "planned" for job in jobs):
+        if self.report and jobs and not in_flight and not all(job.get("status") == RunStatus.planned for job in jobs):
             try:
                 result = build_report([sweep_dir], out_dir=sweep_dir, publish=self.publish)
                 manifest = write_manifest(sweep_dir, jobs, {"complete": True, "report": str(result.html), "report_notes": result.notes})

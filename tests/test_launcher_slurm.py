@@ -63,8 +63,8 @@ def _wait_until(predicate, timeout: float, what: str, poll: float = 0.5):
 
 
 def _job_log(run_dir: Path) -> str:
-    slurm = read_summary(run_dir)["slurm"]
-    return "".join(Path(p).read_text(errors="replace") for p in slurm["logs"] if Path(p).is_file())
+    job = read_summary(run_dir)["job"]
+    return "".join(Path(p).read_text(errors="replace") for p in job["logs"] if Path(p).is_file())
 
 
 # --------------------------------------------------------------------------------------------
@@ -220,14 +220,14 @@ def test_two_job_multirun_on_slurm(slurm_cluster: SlurmCluster, tmp_path: Path):
     for num in (0, 1):
         run_dir = sweep / str(num)
         summary = read_summary(run_dir)
-        slurm = summary["slurm"]
-        assert summary["status"] == "completed" and slurm["state"] == "COMPLETED", summary
+        slurm = summary["job"]
+        assert summary["status"] == "completed" and slurm["state"] == "COMPLETED" and slurm["launcher"] == "slurm", summary
         assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3]
-        assert wait_for_state(slurm["job_id"], "COMPLETED", timeout=30) == "COMPLETED"
-        job_ids.add(slurm["job_id"])
+        assert wait_for_state(slurm["id"], "COMPLETED", timeout=30) == "COMPLETED"
+        job_ids.add(slurm["id"])
         # one Slurm job per sweep job, its logs and states in the manifest
         job = manifest["jobs"][num]
-        assert job["status"] == "completed" and job["slurm"]["job_id"] == slurm["job_id"] and job["log"] == slurm["stdout"]
+        assert job["status"] == "completed" and job["job"]["id"] == slurm["id"] and job["log"] == slurm["stdout"]
         assert json.loads((run_dir / "job.json").read_text())["status"] == "completed"
         assert "Job completed successfully" in _job_log(run_dir)
         # launcher.env reaches the job; the script is what plan mode renders
@@ -251,7 +251,7 @@ def test_failing_job_is_reported_failed(slurm_env: SlurmCluster, tmp_path: Path,
 
     def remove_once_submitted():
         # the checks before submitting read the file; the job, which starts seconds later, finds it gone
-        _wait_until(lambda: "job_id" in ((read_json(run_dir / "summary.json") or {}).get("slurm") or {}), 120, "the submission", poll=0.02)
+        _wait_until(lambda: "id" in ((read_json(run_dir / "summary.json") or {}).get("job") or {}), 120, "the submission", poll=0.02)
         corpus.unlink()
 
     remover = threading.Thread(target=remove_once_submitted, daemon=True)
@@ -261,13 +261,13 @@ def test_failing_job_is_reported_failed(slurm_env: SlurmCluster, tmp_path: Path,
     remover.join(timeout=10)
     assert ended.value.code == 1 and getattr(ended.value, "run_status", None) == "failed"
     summary = read_summary(run_dir)
-    job_id = summary["slurm"]["job_id"]
-    assert summary["status"] == "failed" and summary["slurm"]["state"] == "FAILED"
+    job_id = summary["job"]["id"]
+    assert summary["status"] == "failed" and summary["job"]["state"] == "FAILED"
     reason = f"ConfigError: data.path: '{corpus}' does not exist"
     assert summary["error"].startswith(f"Slurm job {job_id} FAILED: ") and reason in summary["error"], summary["error"]
     assert wait_for_state(job_id, "FAILED", timeout=30) == "FAILED"
     err = capsys.readouterr().err
-    assert f"error: Slurm job {job_id} ended FAILED: " in err and reason in err and summary["slurm"]["stderr"] in err
+    assert f"error: Slurm job {job_id} ended FAILED: " in err and reason in err and summary["job"]["stderr"] in err
     assert status_main([str(run_dir)]) == 1
     assert f"failed     job {job_id}" in capsys.readouterr().out
 
@@ -284,7 +284,7 @@ def test_scancel_shows_cancelled_in_the_sweep_manifest(slurm_cluster: SlurmClust
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"2 jobs: 0 completed, 0 failed, 0 skipped(, \d (submitted|pending|running))+ ", result.stdout), result.stdout[-2000:]
     assert "python -m qwen3_trn.status" in result.stdout
-    first, second = (read_summary(sweep / str(n))["slurm"]["job_id"] for n in (0, 1))
+    first, second = (read_summary(sweep / str(n))["job"]["id"] for n in (0, 1))
     slurm_cluster.wait_for_running(first, timeout=60)
     slurm_cluster.run("scancel", first)
     assert wait_for_state(first, "CANCELLED", timeout=30) == "CANCELLED"
@@ -293,7 +293,7 @@ def test_scancel_shows_cancelled_in_the_sweep_manifest(slurm_cluster: SlurmClust
     assert status.returncode == 1, status.stdout + status.stderr  # a cancelled job
     manifest = json.loads((sweep / "manifest.json").read_text())
     jobs = manifest["jobs"]
-    assert jobs[0]["status"] == "cancelled" and jobs[0]["slurm"]["state"] == "CANCELLED"
+    assert jobs[0]["status"] == "cancelled" and jobs[0]["job"]["state"] == "CANCELLED"
     assert jobs[1]["status"] in ("pending", "running"), jobs[1]
     assert manifest["complete"] is False and manifest["counts"]["cancelled"] == 1
     assert f"#0 cancelled  job {first}" in status.stdout
@@ -322,7 +322,7 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_env: SlurmCluster, tmp_p
     ]
     summary = _execute(overrides, run_dir)
     assert summary["status"] == "submitted"
-    job_id = summary["slurm"]["job_id"]
+    job_id = summary["job"]["id"]
     _wait_until(lambda: (run_dir / "checkpoint" / "step-2" / ".metadata").is_file(), 180, "the first checkpoint")
     before = [r["step"] for r in read_metrics(run_dir)]
     # what a preemption or a time limit does (scancel --signal TERM, then USR2): submitit calls
@@ -348,8 +348,8 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_env: SlurmCluster, tmp_p
     steps = [r["step"] for r in records]
     # the lines written before and after the requeued job started again (it may resume exactly
     # at the last step the first run logged, so the steps alone need not show the restart)
-    first_run = [r["step"] for r in records if r["time"] < summary["slurm"]["started"]]
-    second_run = [r["step"] for r in records if r["time"] >= summary["slurm"]["started"]]
+    first_run = [r["step"] for r in records if r["time"] < summary["job"]["started"]]
+    second_run = [r["step"] for r in records if r["time"] >= summary["job"]["started"]]
     assert first_run + second_run == steps, steps
     resumed_from = second_run[0] - 1
     # the first run's lines after the checkpoint it resumed from are dropped: each step once
@@ -357,7 +357,7 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_env: SlurmCluster, tmp_p
     # the second run continues after a checkpoint step (checkpoint.interval=2)
     assert resumed_from % 2 == 0 and resumed_from >= 2, steps
     assert second_run == list(range(resumed_from + 1, 9)), steps
-    assert summary["slurm"]["restarts"] == 1 and summary["slurm"]["requeues"] == 1, summary
+    assert summary["job"]["restarts"] == 1 and summary["job"]["requeues"] == 1, summary
     assert summary["first_step"] == 1 and summary["last_step"] == 8 and summary["steps_logged"] == 8, summary
 
     # the same wandb run, resumed: both starts used the id planned in tracking.json
@@ -366,7 +366,7 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_env: SlurmCluster, tmp_p
     assert summary["wandb_run_id"] == run_id
     offline = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
     assert len(offline) == 2 and all(name.endswith(f"-{run_id}") for name in offline), offline
-    assert "export WANDB_RESUME=allow" in Path(summary["slurm"]["submission_file"]).read_text()
+    assert "export WANDB_RESUME=allow" in Path(summary["job"]["submission_file"]).read_text()
 
 
 @needs_submitit

@@ -243,7 +243,7 @@ def test_a_search_on_slurm_prunes_its_trial_on_the_node(slurm_cluster, tmp_path)
     assert result.returncode == 0, _explain(result)
     assert [t.state for t in load_study(sweep_dir).trials] == [TrialState.PRUNED]
     job = jobs_by_num(sweep_dir)[0]
-    assert job["status"] == "pruned" and job["slurm"]["job_id"], job
+    assert job["status"] == "pruned" and job["job"]["id"], job
     assert [r["step"] for r in read_metrics(Path(job["run_dir"]))] == [1, 2]
     summary = read_summary(Path(job["run_dir"]))
     assert summary["status"] == "pruned" and summary["pruned"]["step"] == 2, summary

@@ -281,3 +281,79 @@ def test_sweep_over_a_missing_option_stops_before_any_job(tmp_path):
     assert result.returncode == 2
     assert "backend=no_such_mode: no such option in group 'backend'" in result.stderr and "native" in result.stderr
     assert not (sweep_dir / "0").exists()
+
+
+def _earlier_slurm_section(job_id: str, state: str, run_dir: Path) -> dict:
+    """The ``slurm`` section that summary.json and job.json held before the ``job`` section."""
+    logs = [str(run_dir / "slurm" / f"{job_id}_0_log.out"), str(run_dir / "slurm" / f"{job_id}_0_log.err")]
+    return {"job_id": job_id, "state": state, "folder": str(run_dir / "slurm"), "stdout": logs[0], "stderr": logs[1], "logs": logs}
+
+
+def test_records_of_the_earlier_shape_load_as_the_job_section(tmp_path, capsys, monkeypatch):
+    """A sweep whose summary.json, job.json and manifest.json carry a ``slurm`` section: every
+    reader sees the launcher-neutral ``job`` section, with one line saying so, and the next
+    update rewrites the file in the new shape."""
+    from qwen3_trn import records, status
+    from qwen3_trn.launch.slurm import SlurmLauncher
+    from qwen3_trn.records import RunStatus, read_job_record, read_manifest, read_summary
+    from qwen3_trn.report import collect
+    from qwen3_trn.sweep import format_summary
+
+    monkeypatch.setattr(records, "_migration_noted", False)
+    sweep = tmp_path / "sweep"
+    jobs = []
+    for num, (job_id, state, run_status) in enumerate([("7", "COMPLETED", "completed"), ("8", "FAILED", "failed")]):
+        run_dir = sweep / str(num)
+        run_dir.mkdir(parents=True)
+        slurm = _earlier_slurm_section(job_id, state, run_dir)
+        summary = {"status": run_status, "run_dir": str(run_dir), "launcher": "slurm", "slurm": slurm}
+        if run_status == "failed":
+            summary["error"] = f"Slurm job {job_id} FAILED: KeyError: 'text'"
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        job = {"num": num, "name": f"training.seed={num}", "overrides": [f"training.seed={num}"], "run_dir": str(run_dir)}
+        job.update(status=run_status, slurm=slurm, log=slurm["stderr" if run_status == "failed" else "stdout"])
+        (run_dir / "job.json").write_text(json.dumps(job))
+        jobs.append(job)
+    queued = {"num": 2, "name": "training.seed=2", "overrides": ["training.seed=2"], "run_dir": str(sweep / "2"), "status": "pending"}
+    queued["slurm"] = _earlier_slurm_section("9", "PENDING", sweep / "2")
+    counts = {"completed": 1, "failed": 1, "skipped": 0, "pending": 1, "total": 3}
+    manifest = {"sweep_dir": str(sweep), "group": "g", "swept_keys": ["training.seed"], "counts": counts, "rerun_failed": []}
+    (sweep / "manifest.json").write_text(json.dumps({**manifest, "jobs": [*jobs, queued]}))
+
+    summary = read_summary(sweep / "0")
+    assert "slurm" not in summary and summary["job"] == {
+        "launcher": "slurm",
+        "label": "Slurm job 7",
+        "id": "7",
+        "state": "COMPLETED",
+        **{k: v for k, v in _earlier_slurm_section("7", "COMPLETED", sweep / "0").items() if k not in ("job_id", "state")},
+    }
+    noted = capsys.readouterr().err.strip().splitlines()
+    assert noted == [
+        f"qwen3_trn: a record of an earlier version ({sweep / '0' / 'summary.json'}) has a 'slurm' section; read as the 'job' section"
+    ]
+    assert read_job_record(sweep / "1")["job"]["id"] == "8" and "slurm" not in read_job_record(sweep / "1")
+    assert [job["job"]["id"] for job in read_manifest(sweep)["jobs"]] == ["7", "8", "9"]
+    assert "#2 pending   training.seed=2: Slurm job 9 PENDING  (log: " in format_summary(read_manifest(sweep))
+    assert [run.status for run in collect([sweep]).runs] == ["completed", "failed", "pending"]
+
+    # the status command reads the job sections (nothing is in flight: Slurm is not asked)
+    assert status.main([str(sweep), "--json"]) == 1
+    rows = json.loads(capsys.readouterr().out)
+    assert [(row["launcher"], row["job_id"], row["state"]) for row in rows] == [("slurm", "7", "COMPLETED"), ("slurm", "8", "FAILED")]
+    assert rows[0]["log"].endswith("7_0_log.out") and rows[1]["log"].endswith("8_0_log.err")
+    rewritten = manifest_of(sweep)
+    assert [job.get("slurm") for job in rewritten["jobs"]] == [None, None] and rewritten["jobs"][1]["job"]["state"] == "FAILED"
+
+    # the launcher's writer merges into the migrated section, per-node entries included, and
+    # rewrites summary.json in the new shape
+    run_dir = sweep / "1"
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    on_disk["slurm"]["node_errors"] = {"h1": {"node": 0, "error": "lost its peers", "time": 2.0}}
+    (run_dir / "summary.json").write_text(json.dumps(on_disk))
+    SlurmLauncher.record_job(
+        run_dir, {"node_errors": {"h2": {"node": 1, "error": "killed by SIGKILL", "time": 1.0}}}, status=RunStatus.failed
+    )
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    assert "slurm" not in on_disk and on_disk["status"] == "failed" and on_disk["job"]["id"] == "8"
+    assert sorted(on_disk["job"]["node_errors"]) == ["h1", "h2"] and on_disk["job"]["launcher"] == "slurm"

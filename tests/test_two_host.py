@@ -118,8 +118,8 @@ def test_two_host_fsdp_2x2_across_hosts_matches_the_same_ranks_on_one_host(two_h
     _execute([*TWO_BY_TWO, *TINY, "training.steps=3", "launcher.wait=true"], run_dir)
     summary = read_summary(run_dir)
     assert summary["status"] == "completed", _job_log(run_dir)[-3000:]
-    slurm = summary["slurm"]
-    assert wait_for_state(slurm["job_id"], "COMPLETED", timeout=120, env=two_host_env.env) == "COMPLETED"
+    slurm = summary["job"]
+    assert wait_for_state(slurm["id"], "COMPLETED", timeout=120, env=two_host_env.env) == "COMPLETED"
     # both hosts ran a task of the job; the c10d rendezvous was on the first node's name, whose
     # address is its namespace's (not loopback, not the second host's)
     assert slurm["hostnames"] == [first, second], slurm
@@ -147,14 +147,14 @@ def test_two_host_trn2_multinode_environment_reaches_every_rank(two_host_env: Sl
     _execute(["experiment=trn2_multinode", "launcher=slurm", *cpu, *TINY, "training.steps=2", "launcher.wait=true"], run_dir)
     summary = read_summary(run_dir)
     assert summary["status"] == "completed", _job_log(run_dir)[-3000:]
-    assert summary["slurm"]["hostnames"] == [first, second] and summary["world_size"] == 2, summary
+    assert summary["job"]["hostnames"] == [first, second] and summary["world_size"] == 2, summary
     # the experiment's Neuron/EFA variables, exported by the sbatch script, in each rank's process
     expected = "NEURON_LOGICAL_NC_CONFIG=2, FI_PROVIDER=efa, FI_EFA_USE_DEVICE_RDMA=1, FI_EFA_FORK_SAFE=1"
     hosts = _placements([run_dir])
     assert sorted(hosts) == [0, 1], hosts
     for rank, node in ((0, first), (1, second)):
         assert hosts[rank].startswith(f"{node} ") and hosts[rank].endswith(f"launcher.env here: {expected}"), hosts
-    submitted = Path(summary["slurm"]["submission_file"]).read_text()
+    submitted = Path(summary["job"]["submission_file"]).read_text()
     assert "export FI_PROVIDER=efa" in submitted and "#SBATCH --nodes=2" in submitted
 
 
@@ -194,7 +194,7 @@ def test_two_host_requeued_job_resumes_with_the_same_wandb_run(two_host_env: Slu
     run_dir = tmp_path / "run"
     overrides = [*TWO_NODES, *TINY, "logger=wandb", "training.steps=8", "checkpoint=on", "checkpoint.interval=2"]
     summary = _execute(overrides, run_dir)
-    job_id = summary["slurm"]["job_id"]
+    job_id = summary["job"]["id"]
     _wait_until(lambda: (run_dir / "checkpoint" / "step-2" / ".metadata").is_file(), 180, "the first checkpoint")
     # what a preemption or a time limit does: USR2 to the job, submitit's checkpoint hook, requeue
     submitit.SlurmJob(folder=run_dir / "slurm", job_id=job_id)._interrupt(timeout=False)
@@ -206,13 +206,13 @@ def test_two_host_requeued_job_resumes_with_the_same_wandb_run(two_host_env: Slu
     summary = read_summary(run_dir)
     records = read_metrics(run_dir)
     steps = [r["step"] for r in records]
-    first_run = [r["step"] for r in records if r["time"] < summary["slurm"]["started"]]
-    second_run = [r["step"] for r in records if r["time"] >= summary["slurm"]["started"]]
+    first_run = [r["step"] for r in records if r["time"] < summary["job"]["started"]]
+    second_run = [r["step"] for r in records if r["time"] >= summary["job"]["started"]]
     assert first_run and second_run and first_run + second_run == steps, steps
     # no gap, no repeated step: the second run starts right after the last step the first logged
     # (it resumed from a checkpoint at or before it, and logs only the steps after that line)
     assert steps == list(range(1, 9)), steps
-    assert summary["slurm"]["restarts"] == 1 and summary["slurm"]["hostnames"] == list(two_host_env.nodes), summary
+    assert summary["job"]["restarts"] == 1 and summary["job"]["hostnames"] == list(two_host_env.nodes), summary
     run_id = json.loads((run_dir / "tracking.json").read_text())["wandb"]["id"]
     assert summary["wandb_run_id"] == run_id
     offline = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
@@ -246,12 +246,12 @@ def test_two_host_ranks_of_one_node_killed_fail_the_job_and_it_resumes(two_host_
     final = _ended(run_dir, 180)
     assert final["status"] == "failed", final
     summary = read_summary(run_dir)
-    assert summary["slurm"]["state"] == "FAILED"
+    assert summary["job"]["state"] == "FAILED"
     # the error names the node whose ranks died, and why, first
-    assert summary["error"].startswith(
-        f"Slurm job {summary['slurm']['job_id']} FAILED: node {second} (#1): rank 1 failed: Signal 9 (SIGKILL)"
-    ), summary["error"]
-    assert wait_for_state(summary["slurm"]["job_id"], "FAILED", timeout=120, env=two_host_env.env) == "FAILED"
+    assert summary["error"].startswith(f"Slurm job {summary['job']['id']} FAILED: node {second} (#1): rank 1 failed: Signal 9 (SIGKILL)"), (
+        summary["error"]
+    )
+    assert wait_for_state(summary["job"]["id"], "FAILED", timeout=120, env=two_host_env.env) == "FAILED"
 
     # the checkpoints written before stay loadable: a 2-node job resumes from the latest and continues
     saved = sorted(int(p.name.split("-")[1]) for p in (run_dir / "checkpoint").glob("step-*") if (p / ".metadata").is_file())
@@ -263,4 +263,4 @@ def test_two_host_ranks_of_one_node_killed_fail_the_job_and_it_resumes(two_host_
     assert summary["status"] == "completed", _job_log(resumed)[-3000:]
     assert summary["resumed_from"] == str(run_dir / "checkpoint" / f"step-{last}"), summary
     assert [r["step"] for r in read_metrics(resumed)] == [last + 1, last + 2]
-    assert first in summary["slurm"]["hostnames"]
+    assert first in summary["job"]["hostnames"]

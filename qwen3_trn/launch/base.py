@@ -8,7 +8,10 @@ this interface only:
 - ``validate``: the launcher's own checks, before anything is written (``ConfigError``);
 - ``describe``: what ``mode=plan`` shows of where and how the ranks would start;
 - ``launch``: start the ranks of a prepared run; returns the run's status;
-- ``refresh``: the current state of runs it started elsewhere (a Slurm job), into their records.
+- ``refresh``: the current state of runs it started elsewhere (a Slurm job), into their records;
+- ``record_job``: the one writer of such a run's launcher-neutral ``job`` section
+  (``records.JOB_SECTION``), which the sweep, ``qwen3_trn.status`` and the app read without
+  knowing which launcher wrote it.
 """
 
 from __future__ import annotations
@@ -20,8 +23,20 @@ from typing import Any, ClassVar
 from qwen3_trn.config.schema import LauncherConfig, RunConfig
 from qwen3_trn.layout import Layout
 from qwen3_trn.preflight import Prepared
-from qwen3_trn.records import RunStatus
+from qwen3_trn.records import JOB_SECTION, RunStatus, update_summary
 from qwen3_trn.titan import Trainer
+
+
+def record_job(launcher: str, run_dir: Path, job: dict[str, Any], /, **fields: Any) -> dict[str, Any]:
+    """The job that ``launcher`` started elsewhere, into the run's ``summary.json``: ``job``
+    merged key by key into its ``job`` section (with the launcher's name), ``fields`` (status,
+    error ...) beside it. Returns the summary.
+
+    The section's fields that readers use, whatever the launcher: ``id``, ``state`` (the
+    launcher's own word for it), ``label`` (``Slurm job 12``), ``stdout`` and ``stderr`` (the
+    job's main log and error log), ``logs`` (every log file), ``node_errors`` ({host: {node,
+    error, time}} of a multi-node job). A launcher adds its own facts beside them."""
+    return update_summary(run_dir, **fields, **{JOB_SECTION: {"launcher": launcher, **job}})
 
 
 @dataclass
@@ -56,6 +71,11 @@ class Launcher:
         process). ``detach``: return once they are submitted elsewhere, without waiting (a
         sweep waits for all its jobs at its end)."""
         raise NotImplementedError
+
+    @classmethod
+    def record_job(cls, run_dir: Path, job: dict[str, Any], /, **fields: Any) -> dict[str, Any]:
+        """This launcher's job into the run's records (``record_job``)."""
+        return record_job(cls.name, run_dir, job, **fields)
 
     @classmethod
     def refresh(cls, run_dirs: list[Path], wait: bool = False) -> list[dict[str, Any]]:

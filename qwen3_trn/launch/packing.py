@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.records import SLOTS_DIR_ENV
 
 
 def _cpu_slice(slots: list[int]) -> dict[str, str]:
@@ -86,4 +87,4 @@ class DeviceSlots:
 
 
 def default_lock_dir(device_type: str) -> Path:
-    return Path(os.environ.get("QWEN3_TRN_SLOTS_DIR", "/tmp/qwen3_trn_slots")) / device_type
+    return Path(os.environ.get(SLOTS_DIR_ENV, "/tmp/qwen3_trn_slots")) / device_type

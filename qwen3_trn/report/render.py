@@ -17,7 +17,6 @@ from qwen3_trn.report.figures import Plot
 from qwen3_trn.report.figures import make_plots as _make_plots
 from qwen3_trn.report.runs import Collection
 
-STATUS_COLORS = {"completed": "#1a7f37", "failed": "#cf222e", "skipped": "#9a6700"}
 # Columns shown with a short form in HTML and Markdown (the CSV keeps the full value).
 SHORT = {"validation_tokens_sha256": 12}
 

@@ -1,6 +1,7 @@
 """Finding runs (a sweep directory, run directories, or folders holding them) and loading each
 one from its own record: ``metrics.jsonl`` (per step) and ``summary.json`` (the run's facts),
-plus ``overrides.yaml`` / ``job.json`` for what was swept and how the job ended."""
+plus ``overrides.yaml`` / ``job.json`` for what was swept and how the job ended, each read
+through ``qwen3_trn.records`` (records of earlier versions in the current shape)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qwen3_trn.records import summarize
+from qwen3_trn.records import read_job_record, read_manifest, read_summary, summarize
 
 RUN_FILES = ("config.yaml", "summary.json", "metrics.jsonl", "job.json", "overrides.yaml")
 
@@ -46,13 +47,6 @@ class RunData:
         return out
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text()) if path.is_file() else None
-    except (OSError, ValueError):
-        return None
-
-
 def _read_overrides(run_dir: Path) -> list[str] | None:
     path = run_dir / "overrides.yaml"
     if not path.is_file():
@@ -84,8 +78,8 @@ SUMMARY_FIELDS = ("wall_time_s", "validation_tokens_sha256", "validation_tokens"
 def load_run(run_dir: Path, job: dict[str, Any] | None = None) -> RunData:
     """One run, from its metrics.jsonl and summary.json."""
     run_dir = Path(run_dir)
-    job = job or _read_json(run_dir / "job.json") or {}
-    summary = _read_json(run_dir / "summary.json") or {}
+    job = job or read_job_record(run_dir) or {}
+    summary = read_summary(run_dir)
     overrides = _read_overrides(run_dir)
     wandb = summary.get("wandb") or {}
     run = RunData(
@@ -145,7 +139,7 @@ def collect(paths: list[Path]) -> Collection:
     for path in map(Path, paths):
         if not path.exists():
             raise ReportError(f"{path} does not exist")
-        manifest = _read_json(path / "manifest.json") if path.is_dir() else None
+        manifest = read_manifest(path) if path.is_dir() else None
         if manifest:
             sweep_dirs.append(path)
             if manifest.get("group"):

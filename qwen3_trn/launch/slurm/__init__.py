@@ -12,8 +12,9 @@ timed-out job resumes from its last torchtitan checkpoint.
 ``sbatch`` through submitit with ``--nodes=N --ntasks-per-node=1`` (one elastic agent per
 node); the job's files (sbatch script, pickles, logs) are in ``<run dir>/slurm``.
 ``launcher.wait=true`` follows the log and returns the job's end state; false returns at once
-with ``summary.json`` saying ``submitted``. submitit is imported only when a job is submitted
-or runs (``pip install 'qwen3_trn[slurm]'``).
+with ``summary.json`` saying ``submitted``. The job's facts (id, state, logs, requeues, node
+errors) are the run's launcher-neutral ``job`` section (``state.record_slurm_job``). submitit
+is imported only when a job is submitted or runs (``pip install 'qwen3_trn[slurm]'``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from qwen3_trn.errors import ConfigError
 from qwen3_trn.launch.base import LaunchDescription, Launcher
 from qwen3_trn.launch.local import environment, torchrun_command
 from qwen3_trn.launch.slurm.job import SlurmTrainJob
-from qwen3_trn.launch.slurm.state import SlurmJobEnded, refresh_runs, wait_for_run, wait_for_runs
+from qwen3_trn.launch.slurm.state import LAUNCHER_NAME, SlurmJobEnded, refresh_runs, wait_for_run, wait_for_runs
 from qwen3_trn.launch.slurm.submission import (
     check_cluster,
     check_config,
@@ -41,14 +42,14 @@ from qwen3_trn.launch.slurm.submission import (
 )
 from qwen3_trn.layout import Layout
 from qwen3_trn.preflight import Prepared
-from qwen3_trn.records import CONFIG_FILE, SLURM_DIR, RunStatus, update_summary
+from qwen3_trn.records import CONFIG_FILE, SLURM_DIR, RunStatus
 from qwen3_trn.titan import Trainer
 
 __all__ = ["SlurmJobEnded", "SlurmLauncher", "SlurmTrainJob", "sbatch_script"]
 
 
 class SlurmLauncher(Launcher):
-    name = "slurm"
+    name = LAUNCHER_NAME
     ranks_here = False
     config: SlurmLauncherConfig
 
@@ -115,7 +116,8 @@ class SlurmLauncher(Launcher):
         paths = [submitit.core.utils.JobPaths(folder, job_id, task) for task in range(layout.nnodes)]
         stdout, stderr = [str(p.stdout) for p in paths], [str(p.stderr) for p in paths]
         info = {
-            "job_id": job_id,
+            "id": job_id,
+            "label": f"Slurm job {job_id}",
             "state": "PENDING",
             "partition": self.config.partition,
             "nodes": layout.nnodes,
@@ -126,7 +128,7 @@ class SlurmLauncher(Launcher):
             "logs": stdout + stderr,
             "submitted": time.time(),
         }
-        update_summary(run_dir, status=RunStatus.submitted, slurm=info)
+        self.record_job(run_dir, info, status=RunStatus.submitted)
         print(f"[slurm] submitted job {job_id} ({where(cfg, layout.nnodes)})", flush=True)
         print(f"[slurm]   log: {stdout[0]}\n[slurm]   err: {stderr[0]}", flush=True)
         if detach or not self.config.wait:

@@ -18,13 +18,14 @@ from typing import Any
 
 from qwen3_trn.errors import RunInterrupted, describe_error
 from qwen3_trn.launch.local import start_node_ranks, with_rendezvous
+from qwen3_trn.launch.slurm.state import record_slurm_job
 from qwen3_trn.launch.slurm.submission import rendezvous_port
 from qwen3_trn.preflight import resolve
 from qwen3_trn.records import (
     CONFIG_FILE,
     LAUNCH_TIME_ENV,
-    ON_SLURM_NODE_ENV,
     RunStatus,
+    job_section,
     load_run_config,
     read_metrics,
     read_summary,
@@ -72,7 +73,6 @@ class SlurmTrainJob:
 
         env = submitit.JobEnvironment()
         lead = env.global_rank == 0
-        os.environ[ON_SLURM_NODE_ENV] = "1"
         os.environ[LAUNCH_TIME_ENV] = str(time.time())
         term = TermWatch()
         cfg = load_run_config(Path(self.run_dir) / CONFIG_FILE)
@@ -80,16 +80,10 @@ class SlurmTrainJob:
         run_dir = Path(self.run_dir)
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         if lead:
-            update_summary(
+            record_slurm_job(
                 run_dir,
+                {"state": "RUNNING", "id": str(env.job_id), "hostnames": env.hostnames, "restarts": restarts, "started": time.time()},
                 status=RunStatus.running,
-                slurm={
-                    "state": "RUNNING",
-                    "job_id": str(env.job_id),
-                    "hostnames": env.hostnames,
-                    "restarts": restarts,
-                    "started": time.time(),
-                },
             )
         try:
             resolved = resolve(cfg)
@@ -98,7 +92,7 @@ class SlurmTrainJob:
                 endpoint = f"{env.hostnames[0]}:{rendezvous_port(env.job_id)}" if job.layout.nnodes > 1 else None
                 job = with_rendezvous(job, endpoint, f"slurm-{env.job_id}")
                 if lead and job.layout.nnodes > 1:
-                    update_summary(run_dir, slurm={"rendezvous": job.cfg.launcher.rdzv_endpoint})
+                    record_slurm_job(run_dir, {"rendezvous": job.cfg.launcher.rdzv_endpoint})
             start_node_ranks(job)
         except (Exception, RunInterrupted) as exc:  # RunInterrupted: a KeyboardInterrupt, not an Exception
             if term.stopped_by_slurm(exc):
@@ -111,23 +105,20 @@ class SlurmTrainJob:
             if cfg.launcher.nnodes > 1:
                 # which node failed and why: each node's own reason (the first to fail is the cause;
                 # the others' ranks lost their peers)
-                update_summary(run_dir, slurm={"node_errors": {env.hostname: {"node": env.node, "error": reason, "time": time.time()}}})
+                record_slurm_job(run_dir, {"node_errors": {env.hostname: {"node": env.node, "error": reason, "time": time.time()}}})
             if lead:
-                update_summary(run_dir, status=RunStatus.failed, job_error=reason, slurm={"state": "FAILED", "ended": time.time()})
+                record_slurm_job(run_dir, {"state": "FAILED", "ended": time.time()}, status=RunStatus.failed, job_error=reason)
             raise
         if lead:
             if restarts:  # the summary over every step once, after a resume
                 update_summary(run_dir, **summarize(read_metrics(run_dir)))
-            update_summary(run_dir, status=RunStatus.completed, slurm={"state": "COMPLETED", "ended": time.time()})
+            record_slurm_job(run_dir, {"state": "COMPLETED", "ended": time.time()}, status=RunStatus.completed)
         return {"run_dir": str(run_dir), "node": env.node}
 
     def checkpoint(self, *args: Any, **kwargs: Any):
         """submitit's requeue hook (USR2: preemption or time limit): resubmit this same call."""
         from submitit.helpers import DelayedSubmission
 
-        summary = read_summary(Path(self.run_dir))
-        requeues = int((summary.get("slurm") or {}).get("requeues", 0)) + 1
-        update_summary(
-            Path(self.run_dir), status=RunStatus.pending, slurm={"state": "REQUEUED", "requeues": requeues, "requeued": time.time()}
-        )
+        requeues = int(job_section(read_summary(Path(self.run_dir))).get("requeues", 0)) + 1
+        record_slurm_job(Path(self.run_dir), {"state": "REQUEUED", "requeues": requeues, "requeued": time.time()}, status=RunStatus.pending)
         return DelayedSubmission(self, *args, **kwargs)

@@ -2,7 +2,8 @@
 summary, and following it to its end.
 
 States come from submitit's job object (``submitit.SlurmJob``: sacct behind it), the error of
-a failed job from the exception submitit pickled for it.
+a failed job from the exception submitit pickled for it. Every fact of the job goes into the
+run's launcher-neutral ``job`` section through ``record_slurm_job``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from qwen3_trn.records import IN_FLIGHT_STATUSES, RunStatus, read_summary, update_summary
+from qwen3_trn.launch.base import record_job
+from qwen3_trn.records import IN_FLIGHT_STATUSES, RunStatus, job_section, read_summary
+
+# The launcher's name (SlurmLauncher.name), in the job section of the records it writes.
+LAUNCHER_NAME = "slurm"
 
 # Slurm job state -> the run's status.
 _PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD", "SUSPENDED", "STOPPED", "SPECIAL_EXIT"}
@@ -32,6 +37,11 @@ class SlurmJobEnded(SystemExit):
         self.run_status = run_status
 
 
+def record_slurm_job(run_dir: Path, job: dict[str, Any], /, **fields: Any) -> dict[str, Any]:
+    """The Slurm job's facts (``job``) into the run's job section, ``fields`` beside it."""
+    return record_job(LAUNCHER_NAME, run_dir, job, **fields)
+
+
 def status_of(state: str) -> RunStatus | None:
     """The run's status for a Slurm state (None: not known to Slurm yet)."""
     state = state.split()[0].rstrip("+") if state and state.strip() else ""
@@ -48,31 +58,31 @@ def status_of(state: str) -> RunStatus | None:
     return None
 
 
-def _job(slurm: dict[str, Any]):
+def _job(job: dict[str, Any]):
     import submitit
 
-    return submitit.SlurmJob(folder=slurm["folder"], job_id=str(slurm["job_id"]))
+    return submitit.SlurmJob(folder=job["folder"], job_id=str(job["id"]))
 
 
-def job_state(slurm: dict[str, Any]) -> str:
+def job_state(job: dict[str, Any]) -> str:
     """Slurm's state of the run's job ("UNKNOWN" until the accounting knows it); the first word
     only (sacct says "CANCELLED by <uid>")."""
-    return (_job(slurm).get_info(mode="force").get("State") or "UNKNOWN").split()[0]
+    return (_job(job).get_info(mode="force").get("State") or "UNKNOWN").split()[0]
 
 
-def job_error(slurm: dict[str, Any]) -> str | None:
+def job_error(job: dict[str, Any]) -> str | None:
     """The last line of the error submitit recorded for the job (e.g. ``KeyError: 'text'``)."""
-    error = _job(slurm).exception()
+    error = _job(job).exception()
     if error is None:
         return None
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return lines[-1][:500] if lines else type(error).__name__
 
 
-def node_errors(slurm: dict[str, Any]) -> str | None:
+def node_errors(job: dict[str, Any]) -> str | None:
     """Which nodes of a multi-node job failed and why, the cause first: a node whose ranks were
     killed by a signal, else the node that failed first (the others' ranks lost their peers)."""
-    errors = slurm.get("node_errors") or {}
+    errors = job.get("node_errors") or {}
     if not errors:
         return None
 
@@ -89,20 +99,19 @@ def refresh_runs(run_dirs: Iterable[Path]) -> list[dict[str, Any]]:
     out = []
     for run_dir in map(Path, run_dirs):
         summary = read_summary(run_dir)
-        slurm = summary.get("slurm") or {}
-        if not slurm.get("job_id"):
+        job = job_section(summary)
+        if job.get("launcher") != LAUNCHER_NAME or not job.get("id"):
             continue
-        state = job_state(slurm)
+        state = job_state(job)
         status = status_of(state)
         fields: dict[str, Any] = {}
-        if status is not None and state != slurm.get("state"):
-            fields["slurm"] = {"state": state}
         if status is not None and status != summary.get("status"):
             fields["status"] = status
         if status == RunStatus.failed and not summary.get("error"):
-            reason = node_errors(slurm) or summary.get("job_error") or job_error(slurm)
-            fields["error"] = f"Slurm job {slurm['job_id']} {state}" + (f": {reason}" if reason else "")
-        out.append(update_summary(run_dir, **fields) if fields else summary)
+            reason = node_errors(job) or summary.get("job_error") or job_error(job)
+            fields["error"] = f"Slurm job {job['id']} {state}" + (f": {reason}" if reason else "")
+        changed = status is not None and state != job.get("state")
+        out.append(record_slurm_job(run_dir, {"state": state} if changed else {}, **fields) if changed or fields else summary)
     return out
 
 
@@ -122,13 +131,13 @@ def _print_new(path: Path, offset: int) -> int:
 def wait_for_run(run_dir: Path, poll: float = 2.0, follow: bool = True) -> RunStatus:
     """Follow the job's log until Slurm says it ended; ``completed``, else ``SlurmJobEnded``."""
     run_dir = Path(run_dir)
-    slurm = read_summary(run_dir).get("slurm") or {}
-    job_id = slurm["job_id"]
-    log = Path(slurm["stdout"])
+    job = job_section(read_summary(run_dir))
+    job_id = job["id"]
+    log = Path(job["stdout"])
     offset, seen, status = 0, None, None
     try:
         while status not in FINAL_STATUSES:
-            state = job_state(slurm)
+            state = job_state(job)
             if follow:
                 offset = _print_new(log, offset)
             if state != seen:
@@ -149,9 +158,9 @@ def wait_for_run(run_dir: Path, poll: float = 2.0, follow: bool = True) -> RunSt
     if status == RunStatus.completed:
         return status
     summary = read_summary(run_dir)
-    error = node_errors(summary.get("slurm") or {}) or summary.get("job_error") or job_error(slurm)
+    error = node_errors(job_section(summary)) or summary.get("job_error") or job_error(job)
     print(
-        f"error: Slurm job {job_id} ended {seen}" + (f": {error}" if error else "") + f"\n  log: {slurm['stderr']}",
+        f"error: Slurm job {job_id} ended {seen}" + (f": {error}" if error else "") + f"\n  log: {job['stderr']}",
         file=sys.stderr,
         flush=True,
     )
