@@ -174,6 +174,7 @@ try:
     from torchtitan.models.common.moe import GroupedExperts, MoE
     from torchtitan.models.qwen3 import (
         _EMBEDDING_INIT,
+        _EMBEDDING_SKIP_INIT,
         _LINEAR_INIT,
         _NORM_INIT,
         Qwen3Model,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -9,13 +10,20 @@ import torch
 from torchtitan.models.qwen3 import model_registry
 
 from qwen3_trn.app import to_run_config
+from qwen3_trn.config.schema import ModelConfig
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.models.architecture import FIELDS, FLAVORS, Qwen3Architecture
+from qwen3_trn.models.hf_config import architecture_from_hf, hf_config_dict
 from qwen3_trn.preflight import prepare
 from tests.conftest import compose_config
 
 
+def _prepared(overrides, tmp_path):
+    return prepare(to_run_config(compose_config(["mode=plan", *overrides], tmp_path)))
+
+
 def _spec(overrides, tmp_path):
-    return prepare(to_run_config(compose_config(["mode=plan", *overrides], tmp_path))).trainer_config.model_spec
+    return _prepared(overrides, tmp_path).trainer_config.model_spec
 
 
 def _build_on_meta(model_config):
@@ -91,3 +99,96 @@ def test_inconsistent_architecture_is_refused(overrides, key, tmp_path):
     with pytest.raises(ConfigError) as info:
         _spec(overrides, tmp_path)
     assert info.value.key == key
+
+
+def test_every_architecture_field_is_one_row():
+    names = [f.name for f in FIELDS]
+    assert [f.name for f in dataclasses.fields(Qwen3Architecture)] == names
+    schema = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    assert all(schema.get(name, "missing") is None for name in names), "every row is a model.<name> override, None by default"
+
+
+def _parameters(module):
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.mark.parametrize(
+    "model,tied",
+    [("tiny", True), ("tiny_moe", False)],
+)
+def test_tie_embeddings_override_changes_the_built_model(model, tied, tmp_path):
+    """model.tie_embeddings flips the flavor's: one embedding matrix more or less, in the native
+    model and in the exported config.json of both modes."""
+    kept = _build_on_meta(_spec([f"model={model}"], tmp_path).model)
+    prepared = _prepared([f"model={model}", f"model.tie_embeddings={str(not tied).lower()}", "checkpoint=hf_export"], tmp_path)
+    flipped = _build_on_meta(prepared.trainer_config.model_spec.model)
+    assert (kept.lm_head.weight is kept.tok_embeddings.weight) is tied
+    assert (flipped.lm_head.weight is flipped.tok_embeddings.weight) is not tied
+    vocab, dim = kept.tok_embeddings.weight.shape
+    assert _parameters(flipped) - _parameters(kept) == (vocab * dim if tied else -vocab * dim)
+    assert prepared.arch.tie_embeddings is not tied
+    assert prepared.trainer_config.checkpoint.hf_config["tie_word_embeddings"] is not tied
+    hf_v5 = _prepared(
+        ["backend=hf_v5", f"model={model}", f"model.tie_embeddings={str(not tied).lower()}", "checkpoint=hf_export"], tmp_path
+    )
+    assert hf_v5.trainer_config.checkpoint.hf_config["tie_word_embeddings"] is not tied
+
+
+def _attention_weights(overrides, tmp_path):
+    model = _build_on_meta(_spec(overrides, tmp_path).model)
+    return {
+        name.removeprefix("layers.0.attention."): shape for name, shape in _shapes(model).items() if name.startswith("layers.0.attention.")
+    }
+
+
+def test_fuse_qkv_preset_and_override_change_the_built_model(tmp_path):
+    fused = _attention_weights(["model=debugmodel"], tmp_path)
+    separate = _attention_weights(["model=debugmodel_non_fused_qkv"], tmp_path)
+    assert any(name.startswith("qkv_linear.wqkv") for name in fused)
+    assert {"qkv_linear.wq.weight", "qkv_linear.wk.weight", "qkv_linear.wv.weight"} <= set(separate)
+    assert _attention_weights(["model=debugmodel", "model.fuse_qkv=false"], tmp_path) == separate
+    assert _attention_weights(["model=debugmodel_non_fused_qkv", "model.fuse_qkv=true"], tmp_path) == fused
+    # the preset states what its flavor builds
+    assert compose_config(["model=debugmodel_non_fused_qkv"]).model.fuse_qkv is False
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_hf_config_round_trip_keeps_every_field(flavor):
+    """architecture -> HF config -> architecture -> HF config: every field with an HF key is kept
+    (fuse_qkv is native only: HF keeps q/k/v separate either way)."""
+    arch = Qwen3Architecture.of_flavor(flavor)
+    hf = hf_config_dict(arch)
+    back = architecture_from_hf(hf, flavor)
+    assert back == dataclasses.replace(arch, fuse_qkv=True)
+    assert hf_config_dict(back) == hf
+    for field in FIELDS:
+        if field.hf and getattr(arch, field.name) is not None:
+            assert getattr(back, field.name) == getattr(arch, field.name), field.name
+
+
+def test_hf_config_round_trip_keeps_a_released_config():
+    """A config.json as released (older key spellings, fields the project does not model):
+    read and written back, the architecture's keys hold the same numbers and the rest is kept."""
+    released = {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 3,
+        "vocab_size": 1000,
+        "max_position_embeddings": 512,
+        "rope_theta": 5000.0,
+        "tie_word_embeddings": True,
+        "num_local_experts": 6,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "intermediate_size": 128,
+        "bos_token_id": 7,
+    }
+    arch = architecture_from_hf(released, "released")
+    assert (arch.head_dim, arch.num_experts, arch.rope_theta, arch.tie_embeddings) == (64, 6, 5000.0, True)
+    written = hf_config_dict(arch, released)
+    assert architecture_from_hf(written, "written") == arch
+    assert "rope_theta" not in written and written["rope_parameters"]["rope_theta"] == 5000.0
+    assert written["tie_word_embeddings"] is True and written["bos_token_id"] == 7

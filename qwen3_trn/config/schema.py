@@ -170,6 +170,10 @@ class ModelConfig:
     num_experts: Optional[int] = None
     top_k: Optional[int] = None
     moe_hidden_dim: Optional[int] = None
+    # input embedding shared with the output projection (HF tie_word_embeddings)
+    tie_embeddings: Optional[bool] = None
+    # one wqkv projection instead of wq/wk/wv (native layout only; HF keeps them separate)
+    fuse_qkv: Optional[bool] = None
     # auto: sdpa on CPU and Neuron, flex on CUDA
     attention: Attention = Attention.auto
     # Tokenizer / HF assets directory; None uses the tokenizer the project ships.

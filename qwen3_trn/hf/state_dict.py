@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from qwen3_trn.models.hf_config import architecture_from_hf
+from qwen3_trn.models.hf_config import architecture_from_hf, hf_config_keys
 from qwen3_trn.models.qwen3 import build_model_config
 from qwen3_trn.titan import HFTransformerStateDictAdapter, Qwen3StateDictAdapter, ScaledDotProductAttention
 
@@ -32,25 +32,7 @@ _TITAN_ONLY = re.compile(r"^model\.layers\.\d+\.mlp\.(expert_bias\w*|tokens_per_
 
 
 def _hf_config_values(model_config: Any) -> dict[str, Any]:
-    keys = (
-        "architectures",
-        "model_type",
-        "hidden_size",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "num_hidden_layers",
-        "vocab_size",
-        "max_position_embeddings",
-        "rope_parameters",
-        "tie_word_embeddings",
-        "intermediate_size",
-        "num_experts",
-        "num_local_experts",
-        "num_experts_per_tok",
-        "moe_intermediate_size",
-    )
-    return {k: getattr(model_config, k) for k in keys if getattr(model_config, k, None) is not None}
+    return {k: getattr(model_config, k) for k in hf_config_keys() if getattr(model_config, k, None) is not None}
 
 
 def native_moe_adapter(model_config: Any, hf_assets_path: str | None):

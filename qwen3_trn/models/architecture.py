@@ -1,5 +1,13 @@
 """Qwen3 architecture: a torchtitan flavor's numbers, with the user's overrides applied.
 
+``FIELDS`` is the one mapping of the architecture. Each row names a number as the project does
+(a ``Qwen3Architecture`` attribute and the ``model.<name>`` override), where torchtitan's
+``Qwen3Model.Config`` holds it, what takes it when that config is rebuilt
+(``qwen3.build_model_config``) and its key in a Hugging Face ``config.json``
+(``hf_config``). Reading a flavor, applying overrides, building torchtitan's model config and
+writing and reading HF configs all go through the rows, so an architecture number is one row
+(and its ``model.<name>`` key in ``ModelConfig``, the schema Hydra composes).
+
 torchtitan's ``model_registry(flavor)`` takes no size overrides and stores some values in
 several places (``top_k`` in the router and in the experts of every layer, ``n_layers`` in
 every layer's residual init), so an override rebuilds the layer configs from these numbers
@@ -10,39 +18,135 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Literal
 
 from qwen3_trn.config.schema import ModelConfig
 from qwen3_trn.errors import ConfigError, NotApplicable
-from qwen3_trn.titan import MoE, Qwen3Model, qwen3_configs
+from qwen3_trn.titan import Qwen3Model, qwen3_configs
 
 FLAVORS = tuple(qwen3_configs)
-MOE_KEYS = ("num_experts", "top_k", "moe_hidden_dim")
-DENSE_KEYS = ("hidden_dim",)
+Kind = Literal["common", "dense", "moe"]
+# What takes a number when the model config is rebuilt (``ArchitectureField.build``).
+LAYERS = "layers"
+ROPE = "rope"
+MODEL = "model"
+
+
+def _is_fused_qkv(qkv_linear: Any) -> bool:
+    return type(qkv_linear).__qualname__.startswith("FusedQKV")
 
 
 @dataclass(frozen=True)
-class Qwen3Architecture:
-    n_layers: int
-    dim: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    max_seq_len: int
-    rope_theta: float
-    fuse_qkv: bool
-    tie_embeddings: bool
-    # dense
-    hidden_dim: int | None = None
-    # mixture of experts
-    num_experts: int | None = None
-    top_k: int | None = None
-    moe_hidden_dim: int | None = None
+class ArchitectureField:
+    """One number of the Qwen3 architecture."""
+
+    name: str
+    """The ``Qwen3Architecture`` attribute and the ``model.<name>`` override."""
+
+    type: type
+    titan: str
+    """Where a built ``Qwen3Model.Config`` holds it: a dotted attribute path (list indices as numbers)."""
+
+    build: tuple[str, ...]
+    """What takes it when the config is rebuilt: ``layers`` (torchtitan's layer builders
+    ``_build_qwen3_layers`` / ``_build_qwen3_moe_layers``, keyword ``name``), ``rope.<field>``
+    (the rope config every layer shares), ``model.<field>`` (``Qwen3Model.Config`` itself)."""
+
+    hf: str | None
+    """Its key in an HF config.json (dotted: a key of a nested dict); None: native only."""
+
+    kind: Kind = "common"
+    """``dense`` / ``moe``: only models of that kind have it."""
+
+    of_titan: Callable[[Any], Any] | None = None
+    """The number, from what the ``titan`` path holds when that is not the number itself."""
+
+    hf_older: tuple[str, ...] = ()
+    """Older spellings of the HF key: read when ``hf`` is absent, dropped when it is written."""
+
+    hf_default: Any = None
+    """The value when an HF config has none of its keys (a callable gets the numbers read so far); None: required."""
+
+    def read_titan(self, config: Qwen3Model.Config) -> Any:
+        value: Any = config
+        for part in self.titan.split("."):
+            value = value[int(part)] if part.isdigit() else getattr(value, part)
+        return self.of_titan(value) if self.of_titan else value
+
+
+FIELDS: tuple[ArchitectureField, ...] = (
+    ArchitectureField("n_layers", int, "layers", (LAYERS,), "num_hidden_layers", of_titan=len),
+    ArchitectureField("dim", int, "dim", (LAYERS, "model.dim"), "hidden_size"),
+    ArchitectureField("n_heads", int, "layers.0.attention.n_heads", (LAYERS,), "num_attention_heads"),
+    ArchitectureField(
+        "n_kv_heads", int, "layers.0.attention.n_kv_heads", (LAYERS,), "num_key_value_heads", hf_default=lambda v: v["n_heads"]
+    ),
+    ArchitectureField(
+        "head_dim", int, "layers.0.attention.head_dim", (LAYERS, "rope.dim"), "head_dim", hf_default=lambda v: v["dim"] // v["n_heads"]
+    ),
+    ArchitectureField("vocab_size", int, "vocab_size", ("model.vocab_size",), "vocab_size"),
+    ArchitectureField(
+        "max_seq_len", int, "layers.0.attention.rope.max_seq_len", ("rope.max_seq_len",), "max_position_embeddings", hf_default=4096
+    ),
+    ArchitectureField(
+        "rope_theta",
+        float,
+        "layers.0.attention.rope.theta",
+        ("rope.theta",),
+        "rope_parameters.rope_theta",
+        hf_older=("rope_scaling.rope_theta", "rope_theta"),
+        hf_default=10000.0,
+    ),
+    # HF keeps q/k/v separate either way
+    ArchitectureField("fuse_qkv", bool, "layers.0.attention.qkv_linear", (LAYERS,), None, of_titan=_is_fused_qkv, hf_default=True),
+    ArchitectureField(
+        "tie_embeddings", bool, "enable_weight_tying", ("model.enable_weight_tying",), "tie_word_embeddings", hf_default=False
+    ),
+    ArchitectureField("hidden_dim", int, "layers.0.feed_forward.w1.out_features", (LAYERS,), "intermediate_size", kind="dense"),
+    ArchitectureField(
+        "num_experts", int, "layers.0.moe.num_experts", (LAYERS,), "num_experts", kind="moe", hf_older=("num_local_experts",)
+    ),
+    ArchitectureField("top_k", int, "layers.0.moe.router.top_k", (LAYERS,), "num_experts_per_tok", kind="moe"),
+    ArchitectureField(
+        "moe_hidden_dim", int, "layers.0.moe.routed_experts.inner_experts.hidden_dim", (LAYERS,), "moe_intermediate_size", kind="moe"
+    ),
+)
+
+
+def fields_of(kind: Kind) -> tuple[ArchitectureField, ...]:
+    """The rows a model of ``kind`` (dense or moe) has."""
+    return tuple(f for f in FIELDS if f.kind in ("common", kind))
+
+
+def names_of(kind: Kind) -> str:
+    """The names of the rows only ``kind`` has, as messages list them ("num_experts/top_k/...")."""
+    return "/".join(f.name for f in FIELDS if f.kind == kind)
+
+
+class _ArchitectureMethods:
+    """``Qwen3Architecture`` less its fields, which are the rows of ``FIELDS``."""
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts is not None
+
+    @property
+    def kind(self) -> Kind:
+        return "moe" if self.is_moe else "dense"
+
+    def fields(self) -> tuple[ArchitectureField, ...]:
+        return fields_of(self.kind)
+
+    def titan_args(self, target: str) -> dict[str, Any]:
+        """``{keyword: value}`` of the numbers ``target`` (``LAYERS``, ``ROPE`` or ``MODEL``) takes
+        when the model config is rebuilt."""
+        args = {}
+        for field in self.fields():
+            for place in field.build:
+                taker, _, keyword = place.partition(".")
+                if taker == target:
+                    args[keyword or field.name] = getattr(self, field.name)
+        return args
 
     @classmethod
     def of_flavor(cls, flavor: str) -> "Qwen3Architecture":
@@ -53,41 +157,17 @@ class Qwen3Architecture:
     @classmethod
     def of_model_config(cls, config: Qwen3Model.Config) -> "Qwen3Architecture":
         """The numbers of a built torchtitan Qwen3 model config."""
-        layer = config.layers[0]
-        attention = layer.attention
-        common = dict(
-            n_layers=len(config.layers),
-            dim=config.dim,
-            n_heads=attention.n_heads,
-            n_kv_heads=attention.n_kv_heads,
-            head_dim=attention.head_dim,
-            vocab_size=config.vocab_size,
-            max_seq_len=attention.rope.max_seq_len,
-            rope_theta=attention.rope.theta,
-            fuse_qkv=type(attention.qkv_linear).__qualname__.startswith("FusedQKV"),
-            tie_embeddings=config.enable_weight_tying,
-        )
-        moe: MoE.Config | None = getattr(layer, "moe", None)
-        if moe is not None:
-            return cls(
-                **common,
-                num_experts=moe.num_experts,
-                top_k=moe.router.top_k,
-                moe_hidden_dim=moe.routed_experts.inner_experts.hidden_dim,
-            )
-        return cls(**common, hidden_dim=layer.feed_forward.w1.out_features)
+        kind = "moe" if getattr(config.layers[0], "moe", None) is not None else "dense"
+        return cls(**{field.name: field.read_titan(config) for field in fields_of(kind)})
 
     def requested_overrides(self, model: ModelConfig) -> dict[str, Any]:
         """The model group's non-null architecture keys."""
-        return {
-            f.name: getattr(model, f.name)
-            for f in dataclasses.fields(self)
-            if hasattr(model, f.name) and getattr(model, f.name) is not None
-        }
+        return {f.name: getattr(model, f.name) for f in FIELDS if getattr(model, f.name, None) is not None}
 
     def keys_of_other_kind(self, requested: dict[str, Any]) -> list[str]:
         """Requested keys that apply only to the other kind of model (dense vs MoE)."""
-        return [k for k in requested if k in (DENSE_KEYS if self.is_moe else MOE_KEYS)]
+        own = {f.name for f in self.fields()}
+        return [k for k in requested if k not in own]
 
     def replaced(self, requested: dict[str, Any]) -> "Qwen3Architecture":
         arch = dataclasses.replace(self, **requested)
@@ -99,20 +179,18 @@ class Qwen3Architecture:
         wrong_kind = self.keys_of_other_kind(requested)
         if wrong_kind:
             kind, other = (
-                ("an MoE", "hidden_dim applies to dense flavors; use model.moe_hidden_dim")
+                ("an MoE", f"{names_of('dense')} applies to dense flavors; use model.moe_hidden_dim")
                 if self.is_moe
-                else (
-                    "a dense",
-                    "num_experts/top_k/moe_hidden_dim apply to MoE flavors (debugmodel_moe, 30B-A3B, 235B-A22B)",
-                )
+                else ("a dense", f"{names_of('moe')} apply to MoE flavors (debugmodel_moe, 30B-A3B, 235B-A22B)")
             )
             raise NotApplicable(f"model.{wrong_kind[0]}", f"model={model.flavor} is {kind} flavor: {other}.")
         return self.replaced(requested)
 
     def validate(self) -> None:
-        for name in ("n_layers", "dim", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "max_seq_len"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"model.{name}", f"must be a positive integer, got {getattr(self, name)}.")
+        for field in self.fields():
+            value = getattr(self, field.name)
+            if field.type is int and value < 1:
+                raise ConfigError(f"model.{field.name}", f"must be a positive integer, got {value}.")
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(
                 "model.n_heads",
@@ -122,15 +200,22 @@ class Qwen3Architecture:
             )
         if self.head_dim % 2:
             raise ConfigError("model.head_dim", f"must be even for rotary embeddings, got {self.head_dim}.")
-        if self.is_moe:
-            if self.num_experts < 1 or self.top_k < 1:
-                raise ConfigError("model.top_k", "num_experts and top_k must be positive integers.")
-            if self.top_k > self.num_experts:
-                raise ConfigError(
-                    "model.top_k",
-                    f"top_k={self.top_k} is larger than num_experts={self.num_experts}; "
-                    f"each token picks top_k distinct experts, so set model.top_k <= {self.num_experts}.",
-                )
+        if self.is_moe and self.top_k > self.num_experts:
+            raise ConfigError(
+                "model.top_k",
+                f"top_k={self.top_k} is larger than num_experts={self.num_experts}; "
+                f"each token picks top_k distinct experts, so set model.top_k <= {self.num_experts}.",
+            )
 
     def summary(self) -> dict[str, int | float | bool | None]:
         return dataclasses.asdict(self)
+
+
+# One field per row of FIELDS; the numbers only the other kind of model has are None.
+Qwen3Architecture = dataclasses.make_dataclass(
+    "Qwen3Architecture",
+    [(f.name, f.type, dataclasses.field()) if f.kind == "common" else (f.name, f.type | None, None) for f in FIELDS],
+    bases=(_ArchitectureMethods,),
+    frozen=True,
+)
+Qwen3Architecture.__module__ = __name__

@@ -1,7 +1,8 @@
 """Qwen3 architecture <-> Hugging Face Transformers config (``Qwen3Config`` / ``Qwen3MoeConfig``).
 
 backend=hf_v5 builds its model with Transformers from an HF ``config.json``. That config is
-derived from the same numbers as the native model:
+derived from the same numbers as the native model, each written to and read from the HF key its
+row of ``architecture.FIELDS`` names:
 
 * without ``model.hf_model``: the ``model`` group's flavor and overrides
   (``qwen3_trn.convert.architecture``), so ``model=0.6B model.n_layers=2`` is the same
@@ -29,7 +30,7 @@ from typing import Any
 from qwen3_trn.config.files import read_json_file
 from qwen3_trn.config.schema import ModelConfig
 from qwen3_trn.errors import ConfigError
-from qwen3_trn.models.architecture import Qwen3Architecture
+from qwen3_trn.models.architecture import FIELDS, Qwen3Architecture, fields_of, names_of
 from qwen3_trn.records import cache_dir
 
 DENSE_ARCHITECTURE = "Qwen3ForCausalLM"
@@ -65,6 +66,43 @@ def _config_class(architecture: str):
     return Qwen3MoeConfig if architecture == MOE_ARCHITECTURE else Qwen3Config
 
 
+def hf_config_keys() -> tuple[str, ...]:
+    """The top-level config.json keys the architecture is read from (``architecture_from_hf``)."""
+    keys = ["architectures", "model_type"]
+    for field in FIELDS:
+        for key in (field.hf, *field.hf_older) if field.hf else ():
+            top = key.split(".")[0]
+            if top not in keys:
+                keys.append(top)
+    return tuple(keys)
+
+
+def _read(config: dict[str, Any], key: str) -> Any:
+    """``config[key]`` (dotted: into nested dicts), None where absent."""
+    value: Any = config
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _write(config: dict[str, Any], key: str, value: Any) -> None:
+    """``config[key] = value`` (dotted: into a copy of the nested dict)."""
+    head, _, rest = key.partition(".")
+    if rest:
+        config[head] = dict(config.get(head) or {})
+        _write(config[head], rest, value)
+    else:
+        config[head] = value
+
+
+def _drop(config: dict[str, Any], key: str) -> None:
+    head, _, rest = key.partition(".")
+    if not rest:
+        config.pop(head, None)
+    elif isinstance(config.get(head), dict) and rest in config[head]:
+        config[head] = {k: v for k, v in config[head].items() if k != rest}
+
+
 def hf_config_dict(arch: Qwen3Architecture, base: dict[str, Any] | None = None) -> dict[str, Any]:
     """The complete HF config (as ``config.json`` holds it) for ``arch``.
 
@@ -73,40 +111,23 @@ def hf_config_dict(arch: Qwen3Architecture, base: dict[str, Any] | None = None) 
     """
     architecture = hf_architecture_name(arch)
     values: dict[str, Any] = {k: v for k, v in (base or {}).items() if k not in _DERIVED_KEYS}
-    rope = dict(values.get("rope_parameters") or {"rope_type": "default"})
-    rope["rope_theta"] = float(arch.rope_theta)
-    values.pop("rope_theta", None)
-    values.update(
-        architectures=[architecture],
-        model_type=MODEL_TYPES[architecture],
-        vocab_size=arch.vocab_size,
-        hidden_size=arch.dim,
-        num_hidden_layers=arch.n_layers,
-        num_attention_heads=arch.n_heads,
-        num_key_value_heads=arch.n_kv_heads,
-        head_dim=arch.head_dim,
-        max_position_embeddings=arch.max_seq_len,
-        rope_parameters=rope,
-        tie_word_embeddings=arch.tie_embeddings,
-    )
+    values.update(architectures=[architecture], model_type=MODEL_TYPES[architecture])
+    if not values.get("rope_parameters"):
+        values["rope_parameters"] = {"rope_type": "default"}
+    for field in arch.fields():
+        if field.hf:
+            for older in field.hf_older:
+                _drop(values, older)
+            _write(values, field.hf, field.type(getattr(arch, field.name)))
     values.setdefault("rms_norm_eps", RMS_NORM_EPS)
     values.setdefault("hidden_act", "silu")
     values.setdefault("attention_bias", False)
-    if arch.is_moe:
-        values.update(
-            num_experts=arch.num_experts,
-            num_experts_per_tok=arch.top_k,
-            moe_intermediate_size=arch.moe_hidden_dim,
-        )
-        values.pop("num_local_experts", None)
-        if base is None:
-            # torchtitan's native Qwen3 MoE: every layer sparse, softmax router with the
-            # top-k weights renormalised (route_norm=True), as in the released Qwen3 MoE configs.
-            values.update(decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
-            # Only layers listed in mlp_only_layers use a dense MLP; none here.
-            values.setdefault("intermediate_size", arch.moe_hidden_dim)
-    else:
-        values["intermediate_size"] = arch.hidden_dim
+    if arch.is_moe and base is None:
+        # torchtitan's native Qwen3 MoE: every layer sparse, softmax router with the
+        # top-k weights renormalised (route_norm=True), as in the released Qwen3 MoE configs.
+        values.update(decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+        # Only layers listed in mlp_only_layers use a dense MLP; none here.
+        values.setdefault("intermediate_size", arch.moe_hidden_dim)
     # Let Transformers fill and normalise the rest (layer_types, defaults, version).
     config = _config_class(architecture)(**{k: v for k, v in values.items() if k not in ("architectures", "model_type")})
     config.architectures = [architecture]
@@ -115,12 +136,6 @@ def hf_config_dict(arch: Qwen3Architecture, base: dict[str, Any] | None = None) 
     for key in _GENERIC_KEYS:
         out.pop(key, None)
     return out
-
-
-def _rope_theta(config: dict[str, Any]) -> float:
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    theta = rope.get("rope_theta", config.get("rope_theta"))
-    return float(theta if theta is not None else 10000.0)
 
 
 def check_qwen3(config: dict[str, Any], source: str) -> str:
@@ -146,29 +161,17 @@ def check_qwen3(config: dict[str, Any], source: str) -> str:
 
 def architecture_from_hf(config: dict[str, Any], source: str) -> Qwen3Architecture:
     """The Qwen3Architecture an HF Qwen3 / Qwen3-MoE config describes."""
-    name = check_qwen3(config, source)
-    dim = int(config["hidden_size"])
-    n_heads = int(config["num_attention_heads"])
-    common = dict(
-        n_layers=int(config["num_hidden_layers"]),
-        dim=dim,
-        n_heads=n_heads,
-        n_kv_heads=int(config.get("num_key_value_heads") or n_heads),
-        head_dim=int(config.get("head_dim") or dim // n_heads),
-        vocab_size=int(config["vocab_size"]),
-        max_seq_len=int(config.get("max_position_embeddings") or 4096),
-        rope_theta=_rope_theta(config),
-        fuse_qkv=True,  # native-only layout detail; HF keeps q/k/v separate either way
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-    )
-    if name == MOE_ARCHITECTURE:
-        return Qwen3Architecture(
-            **common,
-            num_experts=int(config.get("num_experts", config.get("num_local_experts"))),
-            top_k=int(config["num_experts_per_tok"]),
-            moe_hidden_dim=int(config["moe_intermediate_size"]),
-        )
-    return Qwen3Architecture(**common, hidden_dim=int(config["intermediate_size"]))
+    kind = "moe" if check_qwen3(config, source) == MOE_ARCHITECTURE else "dense"
+    values: dict[str, Any] = {}
+    for field in fields_of(kind):
+        keys = (field.hf, *field.hf_older) if field.hf else ()
+        value = next((v for v in (_read(config, key) for key in keys) if v is not None), None)
+        if value is None:
+            if field.hf_default is None:
+                raise KeyError(field.hf)
+            value = field.hf_default(values) if callable(field.hf_default) else field.hf_default
+        values[field.name] = field.type(value)
+    return Qwen3Architecture(**values)
 
 
 def _looks_local(hf_model: str) -> bool:
@@ -232,7 +235,7 @@ def apply_model_overrides(base: Qwen3Architecture, model: ModelConfig, source: s
         else:
             message = (
                 f"'{source}' is a dense Qwen3 ({DENSE_ARCHITECTURE}) but model.{key} is set (model={model.flavor} sets it); "
-                f"num_experts/top_k/moe_hidden_dim apply to MoE models. Use a dense model group (model=tiny, model=0.6B) "
+                f"{names_of('moe')} apply to MoE models. Use a dense model group (model=tiny, model=0.6B) "
                 f"or model.{key}=null."
             )
         raise ConfigError(f"model.{key}", message)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from qwen3_trn.models.architecture import Qwen3Architecture
+from qwen3_trn.models.architecture import LAYERS, MODEL, ROPE, Qwen3Architecture
 from qwen3_trn.titan import (
+    _EMBEDDING_INIT,
+    _EMBEDDING_SKIP_INIT,
     CosSinRoPE,
     GroupedExperts,
     ModelConfigConverter,
@@ -27,37 +29,25 @@ from qwen3_trn.titan import (
 
 
 def _layers(arch: Qwen3Architecture, rope: CosSinRoPE.Config) -> list:
-    common = dict(
-        n_layers=arch.n_layers,
-        dim=arch.dim,
-        n_heads=arch.n_heads,
-        n_kv_heads=arch.n_kv_heads,
-        head_dim=arch.head_dim,
-        fuse_qkv=arch.fuse_qkv,
-        attn_backend="flex",
-        rope=rope,
-    )
+    """Every layer's config, from torchtitan's own layer builder for the architecture's kind."""
     if arch.is_moe:
-        return _build_qwen3_moe_layers(
-            **common,
-            moe_hidden_dim=arch.moe_hidden_dim,
-            num_experts=arch.num_experts,
-            top_k=arch.top_k,
-            moe_comm_backend="standard",
-        )
-    return _build_qwen3_layers(**common, hidden_dim=arch.hidden_dim)
+        return _build_qwen3_moe_layers(**arch.titan_args(LAYERS), attn_backend="flex", rope=rope, moe_comm_backend="standard")
+    return _build_qwen3_layers(**arch.titan_args(LAYERS), attn_backend="flex", rope=rope)
 
 
 def build_model_config(flavor: str, arch: Qwen3Architecture, inner_attention: Module.Config) -> Qwen3Model.Config:
     """The flavor's config with every architecture value set from ``arch``."""
     config: Qwen3Model.Config = qwen3_configs[flavor](attn_backend="flex")
-    base_rope = config.layers[0].attention.rope
-    rope = dataclasses.replace(base_rope, dim=arch.head_dim, max_seq_len=arch.max_seq_len, theta=arch.rope_theta)
+    rope = dataclasses.replace(config.layers[0].attention.rope, **arch.titan_args(ROPE))
     config.layers = _layers(arch, rope)
-    config.dim = arch.dim
-    config.vocab_size = arch.vocab_size
+    for name, value in arch.titan_args(MODEL).items():
+        setattr(config, name, value)
+    # what follows from them: sizes, and a tied embedding is initialised as the output projection
     config.norm = _qwen3_norm(arch.dim)
-    config.tok_embeddings = dataclasses.replace(config.tok_embeddings, num_embeddings=arch.vocab_size, embedding_dim=arch.dim)
+    embedding_init = _EMBEDDING_SKIP_INIT if arch.tie_embeddings else _EMBEDDING_INIT
+    config.tok_embeddings = dataclasses.replace(
+        config.tok_embeddings, num_embeddings=arch.vocab_size, embedding_dim=arch.dim, param_init=embedding_init
+    )
     config.lm_head = dataclasses.replace(config.lm_head, in_features=arch.dim, out_features=arch.vocab_size)
     for layer in config.layers:
         layer.attention.inner_attention = dataclasses.replace(inner_attention)
