@@ -44,7 +44,7 @@ from torchtitan.models.common.feed_forward import FeedForward
 from torchtitan.models.common.moe import GroupedExperts
 from torchtitan.models.qwen3 import model_registry
 
-from qwen3_trn.kernels import MOE_SWIGLU_EXPERTS, KernelChoice, KernelGroupedExperts, select_kernel
+from qwen3_trn.kernels import ExpertKernel, KernelGroupedExperts, select_kernel
 from qwen3_trn.kernels.moe import grouped_mm_token_groups, moe_problem, swiglu, swiglu_backward
 from qwen3_trn.local_tensors import local_tensor
 
@@ -65,7 +65,7 @@ class ExpertInputs:
     w1: torch.Tensor  # [E, F, D]
     w2: torch.Tensor  # [E, D, F]
     w3: torch.Tensor  # [E, F, D]
-    kernel: KernelChoice  # what training resolved for this layer
+    kernel: ExpertKernel  # what training resolved for this layer
 
     @property
     def ranges(self) -> list[tuple[int, int, int]]:
@@ -87,7 +87,7 @@ def capture_expert_inputs(overrides: list[str], out_dir: str, steps: int) -> tup
             x, counts = args
             weights = [local_tensor(w) for w in (module.w1_EFD, module.w2_EDF, module.w3_EFD)]
             problem = moe_problem(dim=x.shape[1], hidden_dim=weights[0].shape[1], num_experts=weights[0].shape[0])
-            kernel = select_kernel(MOE_SWIGLU_EXPERTS.name, module.kernel, x.device.type, problem)
+            kernel = select_kernel(module.kernel, x.device.type, problem)
             w1, w2, w3 = (w.detach().to(x.dtype).clone() for w in weights)
             captured[layer] = ExpertInputs(x.detach().clone(), counts.detach().clone(), w1, w2, w3, kernel)
 
@@ -237,7 +237,7 @@ def main() -> None:
         ([(0, (0, tokens))], torch.randn(1, dense_hidden, dim, dtype=dtype), torch.randn(1, dim, dense_hidden, dtype=dtype), dense_rows)
     ]
     # The dense layer's work is scaled to the experts' FLOPs by its rate, so one layer is enough.
-    operator_name = f"expert operator ({layers[0].kernel.impl_name})"
+    operator_name = f"expert operator ({layers[0].kernel.name})"
     pieces: dict[str, tuple[Callable[[], None], float]] = {
         operator_name: (_operator(layers), expert_gflop),
         COLD: (_operator(layers), expert_gflop),

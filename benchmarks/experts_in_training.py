@@ -28,7 +28,7 @@ import torch
 from inprocess import single_rank_trainer_config
 from torchtitan.models.common.moe import GroupedExperts
 
-from qwen3_trn.kernels import KERNELS, MOE_SWIGLU_EXPERTS, KernelGroupedExperts
+from qwen3_trn.kernels import DEVICE_KERNELS, KERNELS, KernelGroupedExperts
 from qwen3_trn.local_tensors import local_tensor
 
 DEFAULT_OVERRIDES = ["backend=nki_moe", "model=debugmodel_moe", "model.n_layers=2", "training.seq_len=256", "logger=none"]
@@ -73,7 +73,7 @@ def main() -> None:
     )
     parser.add_argument("overrides", nargs="*", default=DEFAULT_OVERRIDES)
     args = parser.parse_args()
-    portable = sorted(name for name, impl in KERNELS.impls(MOE_SWIGLU_EXPERTS.name).items() if impl.portable and "cpu" in impl.devices)
+    portable = sorted(name for name in DEVICE_KERNELS["cpu"] if KERNELS[name].portable)
     implementations = [BASELINE, *portable, *([NO_EXPERT_MATH] if args.no_expert_math else [])]
     times: dict[str, list[float]] = {name: [] for name in implementations}
     with tempfile.TemporaryDirectory() as out_dir:

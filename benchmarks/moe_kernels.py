@@ -34,7 +34,7 @@ from inprocess import REPO  # noqa: F401  (puts the checkout's qwen3_trn first o
 from torchtitan.models.common.moe import GroupedExperts
 
 from qwen3_trn.devices import resolve_device
-from qwen3_trn.kernels import KERNELS, MOE_SWIGLU_EXPERTS, KernelGroupedExperts
+from qwen3_trn.kernels import DEVICE_KERNELS, KERNELS, KernelGroupedExperts
 from qwen3_trn.kernels.moe import matmul_dtype
 from qwen3_trn.kernels.moe_padded import BATCHED_PASS_ROWS, GROUP_LAUNCH_ROWS
 
@@ -178,7 +178,7 @@ def main() -> None:
         if args.dtypes
         else [trained, *(d for d in (torch.float32, torch.bfloat16) if d != trained)]
     )
-    kernels = sorted(name for name, impl in KERNELS.impls(MOE_SWIGLU_EXPERTS.name).items() if impl.portable and "cpu" in impl.devices)
+    kernels = sorted(name for name in DEVICE_KERNELS["cpu"] if KERNELS[name].portable)
     peak_seconds = round_robin(matmul_cases(dtypes), rounds=5, max_seconds=10.0)
     peaks = {d: 2 * 1024**3 / peak_seconds[str(d)] / 1e9 for d in dtypes}
     print(

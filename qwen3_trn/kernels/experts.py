@@ -18,8 +18,8 @@ from qwen3_trn.models.qwen3 import init_fields, replace_grouped_experts
 from qwen3_trn.titan import GroupedExperts, ModelConfigConverter, Module
 
 from . import nki_moe  # noqa: F401  (registers the nki kernel; imports no Neuron module)
-from .moe import MOE_SWIGLU_EXPERTS, moe_problem
-from .registry import KERNELS, resolve_op
+from .moe import moe_problem
+from .registry import resolve_op, select_kernel, validate_request
 
 __all__ = [
     "KernelExpertsConverter",
@@ -48,13 +48,13 @@ def resolved_kernel_name(
     problem = None
     if dim is not None and hidden_dim is not None and num_experts is not None:
         problem = moe_problem(dim=dim, hidden_dim=hidden_dim, num_experts=num_experts, **known)
-    return KERNELS.select_kernel(MOE_SWIGLU_EXPERTS.name, kernel, device_type, problem).impl_name
+    return select_kernel(kernel, device_type, problem).name
 
 
 class KernelGroupedExperts(GroupedExperts):
     """``GroupedExperts`` whose expert MLP runs the ``moe_swiglu_experts`` kernel ``config.kernel``.
 
-    ``kernel`` is ``auto | portable | <impl>``, resolved against the inputs' device and the
+    ``kernel`` is ``auto | portable | <name>``, resolved against the inputs' device and the
     (local) expert shapes in forward; under ``torch.compile`` the resolution runs once, eagerly,
     at trace time.
 
@@ -70,7 +70,7 @@ class KernelGroupedExperts(GroupedExperts):
 
     def __init__(self, config: Config):
         super().__init__(config)
-        KERNELS.validate_request(MOE_SWIGLU_EXPERTS.name, config.kernel)
+        validate_request(config.kernel)
         self.kernel = config.kernel
 
     def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
@@ -78,7 +78,7 @@ class KernelGroupedExperts(GroupedExperts):
         w1_EFD, w2_EDF, w3_EFD = (local_tensor(w) for w in (self.w1_EFD, self.w2_EDF, self.w3_EFD))
         experts, hidden_dim, dim = w1_EFD.shape
         problem = moe_problem(dim=dim, hidden_dim=hidden_dim, num_experts=experts)
-        op = resolve_op(MOE_SWIGLU_EXPERTS.name, self.kernel, x_RD.device.type, problem)
+        op = resolve_op(self.kernel, x_RD.device.type, problem)
         dtype = x_RD.dtype
         out_RD, _gate_RF, _up_RF = op(x_RD, w1_EFD.to(dtype), w2_EDF.to(dtype), w3_EFD.to(dtype), num_tokens_per_expert_E)
         return out_RD
@@ -91,7 +91,7 @@ def use_kernel_experts(model_config: Module.Config, *, kernel: str = "auto") -> 
     ``GroupedExperts`` subclasses (fused, float8, ...) change the expert math or parameters and
     are refused rather than silently replaced. Returns the (possibly new root) config.
     """
-    KERNELS.validate_request(MOE_SWIGLU_EXPERTS.name, kernel)
+    validate_request(kernel)
 
     def with_kernel(fqn: str, config: GroupedExperts.Config) -> Module.Config:
         if isinstance(config, KernelGroupedExperts.Config):

@@ -1,4 +1,4 @@
-"""The MoE expert operator: grouped SwiGLU projections over rows sorted by expert.
+"""The MoE expert operator's math, its call wrapper and its default kernel, ``grouped_mm``.
 
 ``moe_swiglu_experts(x [R, D], w1 [E, F, D], w2 [E, D, F], w3 [E, F, D], num_tokens_per_expert [E])``
 computes, for the rows of each expert e, ``(silu(x @ w1[e].T) * (x @ w3[e].T)) @ w2[e].T`` —
@@ -6,33 +6,26 @@ torchtitan's ``GroupedExperts`` math. Rows must be sorted by expert and ``R`` mu
 ``num_tokens_per_expert.sum()`` (padding rows, if a dispatcher adds them, are counted in).
 Experts with no rows are skipped; their weight gradients are zero.
 
-Each implementation returns ``(out [R, D], gate [R, F], up [R, F])``: the pre-activation
-projections are saved for backward (marked non-differentiable) so no implementation recomputes
-them; the autograd formula calls the backward operator of the *same* implementation.
+Each kernel returns ``(out [R, D], gate [R, F], up [R, F])``: the pre-activation projections are
+saved for backward (marked non-differentiable) so no kernel recomputes them; the operator, its
+autograd formula and the selection of a kernel are in :mod:`qwen3_trn.kernels.registry`.
 
-Portable implementations:
+``grouped_mm``: ``torch._grouped_mm`` in the input dtype, as torchtitan does. On devices that
+need aligned group offsets (Neuron: 128 rows), and on CPUs whose bf16/fp16 matmuls run through
+oneDNN (16 rows: see ``ONEDNN_TOKEN_ALIGNMENT``), each expert's group is padded in a buffer
+first (of static size on Neuron). The portable default on every device
+(``benchmarks/experts_in_training.py``: on CPU, inside training, ahead of torchtitan's
+``GroupedExperts`` and of ``padded_bmm``). It copies no weights.
 
-* ``grouped_mm``: ``torch._grouped_mm`` in the input dtype, as torchtitan does. On devices that
-  need aligned group offsets (Neuron: 128 rows), and on CPUs whose bf16/fp16 matmuls run through
-  oneDNN (16 rows: see ``ONEDNN_TOKEN_ALIGNMENT``), each expert's group is padded in a buffer
-  first (of static size on Neuron). The default on CPU and CUDA (``benchmarks/experts_in_training.py``:
-  on CPU, inside training, ahead of torchtitan's ``GroupedExperts`` and of the other two); the
-  only portable one on Neuron.
-* ``per_expert_mm``: one dense matmul per non-empty expert, written straight into row slices
-  of the outputs; the SwiGLU and its gradient run once over all rows. On CPUs without native
-  bf16 matmul (no AVX512-BF16/AMX) bf16 inputs are upcast once to fp32 for the matmuls, which
-  is what bf16 tensor cores do too (bf16 operands, fp32 accumulation); outputs are stored in
-  the input dtype. Reads the counts on the host once per call (free on CPU, a device sync
-  elsewhere).
-
-Both compute in the dtype of their inputs; neither copies weights.
+``in_matmul_dtype`` runs a kernel in fp32 on CPUs without native bf16/fp16 matmul units (no
+AVX512-BF16/AMX): bf16 inputs are upcast once for the matmuls, which is what bf16 tensor cores do
+too (bf16 operands, fp32 accumulation), and outputs are stored in the input dtype.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -44,20 +37,12 @@ from .layouts import (
     padded_group_sizes,
     rows_from_blocks,
 )
-from .registry import (
-    KernelChoice,
-    OpDeclaration,
-    declare_op,
-    register_kernel,
-    resolve_op,
-)
+from .registry import ExpertKernel, register_kernel, resolve_op
 
 __all__ = [
+    "GROUPED_MM",
     "GROUPED_MM_TOKEN_ALIGNMENT",
     "ONEDNN_TOKEN_ALIGNMENT",
-    "MOE_SWIGLU_EXPERTS",
-    "MOE_SWIGLU_EXPERTS_BACKWARD",
-    "expert_row_ranges",
     "TokenGroups",
     "grouped_mm_token_alignment",
     "grouped_mm_token_groups",
@@ -87,54 +72,6 @@ ONEDNN_TOKEN_ALIGNMENT = 16
 STATIC_TOKEN_BUFFER_DEVICES = frozenset({"neuron"})
 
 
-# --------------------------------------------------------------------------- declaration
-def _fake_forward(x, w1, w2, w3, num_tokens_per_expert):
-    rows, hidden = x.shape[0], w1.shape[1]
-    return x.new_empty(rows, w2.shape[1]), x.new_empty(rows, hidden), x.new_empty(rows, hidden)
-
-
-def _fake_backward(grad_out, x, w1, w2, w3, num_tokens_per_expert, gate, up, out):
-    return torch.empty_like(x), torch.empty_like(w1), torch.empty_like(w2), torch.empty_like(w3)
-
-
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:
-    x, w1, w2, w3, num_tokens_per_expert = inputs
-    out, gate, up = output
-    ctx.mark_non_differentiable(gate, up)
-    # `out` is kept for kernels that checkpoint the down projection (the NKI backward).
-    ctx.save_for_backward(x, w1, w2, w3, num_tokens_per_expert, gate, up, out)
-
-
-def _backward(ctx: Any, grad_out, _grad_gate, _grad_up, *, backward_kernel):
-    x, w1, w2, w3, num_tokens_per_expert, gate, up, out = ctx.saved_tensors
-    grad_x, grad_w1, grad_w2, grad_w3 = backward_kernel(grad_out.contiguous(), x, w1, w2, w3, num_tokens_per_expert, gate, up, out)
-    return grad_x, grad_w1, grad_w2, grad_w3, None
-
-
-MOE_SWIGLU_EXPERTS = declare_op(
-    OpDeclaration(
-        name="moe_swiglu_experts",
-        schema="(Tensor x, Tensor w1, Tensor w2, Tensor w3, Tensor num_tokens_per_expert) -> (Tensor, Tensor, Tensor)",
-        fake=_fake_forward,
-        setup_context=_setup_context,
-        backward=_backward,
-        backward_op="moe_swiglu_experts_backward",
-        doc="Grouped SwiGLU expert MLP over rows sorted by expert; returns (out, gate, up).",
-    )
-)
-MOE_SWIGLU_EXPERTS_BACKWARD = declare_op(
-    OpDeclaration(
-        name="moe_swiglu_experts_backward",
-        schema=(
-            "(Tensor grad_out, Tensor x, Tensor w1, Tensor w2, Tensor w3, Tensor num_tokens_per_expert, "
-            "Tensor gate, Tensor up, Tensor out) -> (Tensor, Tensor, Tensor, Tensor)"
-        ),
-        fake=_fake_backward,
-        doc="Gradients (x, w1, w2, w3) of moe_swiglu_experts.",
-    )
-)
-
-
 def moe_problem(*, dim: int, hidden_dim: int, num_experts: int, **known: int) -> dict[str, int]:
     """The shape description kernels' shape checks receive: one rank's expert weights, and what
     else is known before a call (``tokens``: rows per call, ``logical_cores``)."""
@@ -148,15 +85,12 @@ def moe_swiglu_experts(
     w3: torch.Tensor,
     num_tokens_per_expert: torch.Tensor,
     *,
-    kernel: str | KernelChoice = "auto",
+    kernel: str = "auto",
 ) -> torch.Tensor:
-    """Expert outputs ``[R, D]``; ``kernel`` is ``auto | portable | <impl>`` or a resolved choice."""
+    """Expert outputs ``[R, D]``; ``kernel`` is ``auto | portable | <name>``."""
     _check_inputs(x, w1, w2, w3, num_tokens_per_expert)
-    if isinstance(kernel, KernelChoice):
-        op = kernel.op
-    else:
-        problem = moe_problem(dim=x.shape[1], hidden_dim=w1.shape[1], num_experts=w1.shape[0])
-        op = resolve_op(MOE_SWIGLU_EXPERTS.name, kernel, x.device.type, problem)
+    problem = moe_problem(dim=x.shape[1], hidden_dim=w1.shape[1], num_experts=w1.shape[0])
+    op = resolve_op(kernel, x.device.type, problem)
     out, _gate, _up = op(x, w1, w2, w3, num_tokens_per_expert)
     return out
 
@@ -235,13 +169,6 @@ def _grouped_mm_strides_ok(problem: Mapping[str, int]) -> str | None:
     return None
 
 
-@register_kernel(
-    "moe_swiglu_experts",
-    "grouped_mm",
-    devices=("cpu", "cuda", "neuron"),
-    priority={"cuda": 20, "cpu": 40, "*": 10},
-    shape_check=_grouped_mm_strides_ok,
-)
 def _grouped_mm_forward(x, w1, w2, w3, num_tokens_per_expert):
     groups = grouped_mm_token_groups(x, num_tokens_per_expert)
     x = groups.pad(x)
@@ -251,13 +178,6 @@ def _grouped_mm_forward(x, w1, w2, w3, num_tokens_per_expert):
     return groups.unpad(out), groups.unpad(gate), groups.unpad(up)
 
 
-@register_kernel(
-    "moe_swiglu_experts_backward",
-    "grouped_mm",
-    devices=("cpu", "cuda", "neuron"),
-    priority={"cuda": 20, "cpu": 40, "*": 10},
-    shape_check=_grouped_mm_strides_ok,
-)
 def _grouped_mm_backward(grad_out, x, w1, w2, w3, num_tokens_per_expert, gate, up, out):
     groups = grouped_mm_token_groups(x, num_tokens_per_expert)
     offs = groups.offsets
@@ -272,7 +192,10 @@ def _grouped_mm_backward(grad_out, x, w1, w2, w3, num_tokens_per_expert, gate, u
     return groups.unpad(grad_x), grad_w1, grad_w2, grad_w3
 
 
-# --------------------------------------------------------------------------- per_expert_mm
+GROUPED_MM = register_kernel(ExpertKernel("grouped_mm", _grouped_mm_forward, _grouped_mm_backward, shape_check=_grouped_mm_strides_ok))
+
+
+# --------------------------------------------------------------------------- matmul dtype on CPU
 def native_half_matmul(dtype: torch.dtype) -> bool:
     """Whether this CPU runs ``dtype`` (bf16 or fp16) matmuls on native units, through oneDNN."""
     if dtype == torch.bfloat16:
@@ -289,24 +212,6 @@ def matmul_dtype(t: torch.Tensor) -> torch.dtype:
     return t.dtype
 
 
-def expert_row_ranges(num_tokens_per_expert: torch.Tensor, num_rows: int) -> tuple[list[tuple[int, int, int]], list[int]]:
-    """``(expert, start, end)`` of every non-empty expert, and the empty experts.
-
-    Reads the counts on the host once (free on CPU; one device sync elsewhere).
-    """
-    counts = num_tokens_per_expert.tolist()
-    if sum(counts) != num_rows:
-        raise ValueError(f"num_tokens_per_expert sums to {sum(counts)}, but x has {num_rows} rows")
-    ranges, empty, start = [], [], 0
-    for expert, count in enumerate(counts):
-        if count:
-            ranges.append((expert, start, start + count))
-        else:
-            empty.append(expert)
-        start += count
-    return ranges, empty
-
-
 def in_matmul_dtype(kernel):
     """Run ``kernel`` on inputs upcast once to the matmul dtype (fp32 where bf16/fp16 matmuls are
     emulated), casting its outputs back; a plain call where the input dtype is native."""
@@ -321,54 +226,3 @@ def in_matmul_dtype(kernel):
         return tuple(t.to(dtype) for t in kernel(*upcast))
 
     return wrapper
-
-
-# Matmuls write straight into row slices of the outputs (``out=``) and weight-gradient slots, and
-# the SwiGLU runs once over all rows: per expert only the matmuls are launched.
-@register_kernel(
-    "moe_swiglu_experts",
-    "per_expert_mm",
-    devices=("cpu", "cuda"),
-    priority={"cpu": 20, "*": 5},
-)
-@in_matmul_dtype
-def _per_expert_forward(x, w1, w2, w3, num_tokens_per_expert):
-    rows, dim = x.shape
-    hidden = w1.shape[1]
-    ranges, _empty = expert_row_ranges(num_tokens_per_expert, rows)
-    gate, up, out = x.new_empty(rows, hidden), x.new_empty(rows, hidden), x.new_empty(rows, dim)
-    for expert, start, end in ranges:
-        torch.mm(x[start:end], w1[expert].t(), out=gate[start:end])
-        torch.mm(x[start:end], w3[expert].t(), out=up[start:end])
-    h = swiglu(gate, up)
-    for expert, start, end in ranges:
-        torch.mm(h[start:end], w2[expert].t(), out=out[start:end])
-    return out, gate, up
-
-
-@register_kernel(
-    "moe_swiglu_experts_backward",
-    "per_expert_mm",
-    devices=("cpu", "cuda"),
-    priority={"cpu": 20, "*": 5},
-)
-@in_matmul_dtype
-def _per_expert_backward(grad_out, x, w1, w2, w3, num_tokens_per_expert, gate, up, out):
-    ranges, empty = expert_row_ranges(num_tokens_per_expert, x.shape[0])
-    grad_h = torch.empty_like(gate)
-    for expert, start, end in ranges:
-        torch.mm(grad_out[start:end], w2[expert], out=grad_h[start:end])
-    h, grad_gate, grad_up = swiglu_backward(grad_h, gate, up)
-    grad_x = torch.empty_like(x)
-    grad_w1, grad_w2, grad_w3 = torch.empty_like(w1), torch.empty_like(w2), torch.empty_like(w3)
-    for expert, start, end in ranges:
-        rows = slice(start, end)
-        torch.mm(grad_gate[rows], w1[expert], out=grad_x[rows]).addmm_(grad_up[rows], w3[expert])
-        torch.mm(grad_gate[rows].t(), x[rows], out=grad_w1[expert])
-        torch.mm(grad_up[rows].t(), x[rows], out=grad_w3[expert])
-        torch.mm(grad_out[rows].t(), h[rows], out=grad_w2[expert])
-    if empty:
-        empty_experts = torch.tensor(empty, device=x.device)
-        for grad_w in (grad_w1, grad_w2, grad_w3):
-            grad_w.index_fill_(0, empty_experts, 0)
-    return grad_x, grad_w1, grad_w2, grad_w3

@@ -29,16 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .moe import (
-    MOE_SWIGLU_EXPERTS,
-    MOE_SWIGLU_EXPERTS_BACKWARD,
-    in_matmul_dtype,
-    swiglu,
-    swiglu_backward,
-)
-from .registry import register_kernel
+from .moe import in_matmul_dtype, swiglu, swiglu_backward
+from .registry import ExpertKernel, register_kernel
 
-__all__ = ["BATCHED_PASS_ROWS", "GROUP_LAUNCH_ROWS", "PaddedExpertRows", "padded_capacity"]
+__all__ = ["BATCHED_PASS_ROWS", "GROUP_LAUNCH_ROWS", "PADDED_BMM", "PaddedExpertRows", "padded_capacity"]
 
 # The cost of one expert's per-expert matmul beyond its FLOPs, in rows of compute (measured with
 # cold caches, as in training, where other experts' weights pass through between two calls).
@@ -121,7 +115,6 @@ class PaddedExpertRows:
         return rows.index_copy_(0, self.rows_in_capacity, flat.index_select(0, self.position))
 
 
-@register_kernel(MOE_SWIGLU_EXPERTS.name, "padded_bmm", devices=("cpu", "cuda"), priority={"cpu": 30, "*": 1})
 @in_matmul_dtype
 def _padded_forward(x, w1, w2, w3, num_tokens_per_expert):
     layout = PaddedExpertRows.of(num_tokens_per_expert, x.shape[0])
@@ -138,7 +131,6 @@ def _padded_forward(x, w1, w2, w3, num_tokens_per_expert):
     return out, gate, up
 
 
-@register_kernel(MOE_SWIGLU_EXPERTS_BACKWARD.name, "padded_bmm", devices=("cpu", "cuda"), priority={"cpu": 30, "*": 1})
 @in_matmul_dtype
 def _padded_backward(grad_out, x, w1, w2, w3, num_tokens_per_expert, gate, up, out):
     layout = PaddedExpertRows.of(num_tokens_per_expert, x.shape[0])
@@ -157,3 +149,6 @@ def _padded_backward(grad_out, x, w1, w2, w3, num_tokens_per_expert, gate, up, o
         grad_w3[expert].addmm_(grad_up.t(), x[rows])
         grad_w2[expert].addmm_(grad_out[rows].t(), h)
     return grad_x, grad_w1, grad_w2, grad_w3
+
+
+PADDED_BMM = register_kernel(ExpertKernel("padded_bmm", _padded_forward, _padded_backward))

@@ -12,8 +12,8 @@ APIs used (all imported lazily):
 * ``torch_neuronx.nki_op(name, mutates_args=...)``: wraps ``torch.library.custom_op``; the
   function is its own fake kernel (the NKI launch has fake-tensor shape inference), so the
   function body below must only do static-shape work. Autograd is attached with
-  ``op.register_autograd(...)`` by the registry, using the shared formula of
-  :mod:`qwen3_trn.kernels.moe`.
+  ``op.register_autograd(...)`` by the registry, using the operator's shared formula
+  (:mod:`qwen3_trn.kernels.registry`).
 * ``torch_neuronx.wrap_nki(kernel)[grid](**args)``: launches an ``@nki.jit`` kernel on Neuron
   tensors; the grid is a tuple, ``(LNC,)``, the logical NeuronCore count. Non-tensor arguments
   are the kernel's constants and must be hashable. Launchers are built once per kernel and LNC.
@@ -57,10 +57,10 @@ from .layouts import (
     w1_w3_from_gate_up,
     w2_from_down,
 )
-from .moe import MOE_SWIGLU_EXPERTS, MOE_SWIGLU_EXPERTS_BACKWARD
-from .registry import OpDeclaration, register_kernel
+from .registry import ExpertKernel, register_kernel
 
 __all__ = [
+    "NKI",
     "NKI_BLOCK_SIZE",
     "NKI_IMPORTS",
     "NKI_KERNEL_LIMITS",
@@ -408,38 +408,19 @@ def _nki_backward(
     return nki_moe_backward_with(_launch_blockwise_mm_bwd, grad_out, x, w1, w2, w3, num_tokens_per_expert, gate, up, out)
 
 
-def nki_op_factory(qualname: str, fn: Callable[..., Any], decl: OpDeclaration) -> Any:
+def nki_op_factory(qualname: str, fn: Callable[..., Any]) -> Any:
     """Build the operator with ``torch_neuronx.nki_op``: ``fn`` is its own fake kernel.
 
-    ``fn``'s annotations give the schema (they match ``decl.schema``); this module avoids
+    ``fn``'s annotations give the schema (they match the registry's schemas); this module avoids
     ``from __future__ import annotations`` so they are real types.
     """
     nki_op = _resolve("torch_neuronx", "nki_op")
     return nki_op(qualname, mutates_args=())(fn)
 
 
-_NKI_PRIORITY = 100  # above every portable kernel: auto prefers NKI wherever it can run
-
-register_kernel(
-    MOE_SWIGLU_EXPERTS.name,
-    "nki",
-    devices=("neuron",),
-    available=probe_nki,
-    priority=_NKI_PRIORITY,
-    portable=False,
-    shape_check=check_nki_moe_shapes,
-    op_factory=nki_op_factory,
-)(_nki_forward)
-register_kernel(
-    MOE_SWIGLU_EXPERTS_BACKWARD.name,
-    "nki",
-    devices=("neuron",),
-    available=probe_nki,
-    priority=_NKI_PRIORITY,
-    portable=False,
-    shape_check=check_nki_moe_shapes,
-    op_factory=nki_op_factory,
-)(_nki_backward)
+NKI = register_kernel(
+    ExpertKernel("nki", _nki_forward, _nki_backward, probe=probe_nki, shape_check=check_nki_moe_shapes, make_op=nki_op_factory)
+)
 
 
 # --------------------------------------------------------------------------- references

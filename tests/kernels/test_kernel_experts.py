@@ -53,8 +53,8 @@ def test_conversion_carries_every_field_over_unchanged():
 
 def test_use_kernel_experts_updates_existing_kernel_configs_and_refuses_variants():
     config = use_kernel_experts(model_registry("debugmodel_moe").model, kernel="grouped_mm")
-    config = use_kernel_experts(config, kernel="per_expert_mm")
-    assert {c.kernel for c in _expert_configs(config)} == {"per_expert_mm"}
+    config = use_kernel_experts(config, kernel="padded_bmm")
+    assert {c.kernel for c in _expert_configs(config)} == {"padded_bmm"}
 
     root = GroupedExperts.Config(dim=8, hidden_dim=8, num_experts=2)
     swapped_root = use_kernel_experts(root, kernel="auto")
@@ -79,7 +79,7 @@ def one_thread():
 
 
 @pytest.mark.filterwarnings("ignore:In CPU autocast:UserWarning")  # torchtitan's fp32 router autocast
-@pytest.mark.parametrize("kernel", ["auto", "grouped_mm", "padded_bmm", "per_expert_mm"])
+@pytest.mark.parametrize("kernel", ["auto", "grouped_mm", "padded_bmm"])
 def test_swapped_moe_layer_matches_torchtitan_end_to_end(one_thread, kernel):
     """Router, dispatcher, experts and combine of one debugmodel_moe layer, values and grads."""
     layer = model_registry("debugmodel_moe").model.layers[0].moe

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torchtitan.models.common.moe import GroupedExperts
 
-from qwen3_trn.kernels import KERNELS, KernelGroupedExperts, moe_swiglu_experts
+from qwen3_trn.kernels import KERNELS, KernelGroupedExperts, moe_swiglu_experts, select_kernel
 from qwen3_trn.kernels import moe as moe_module
 from qwen3_trn.kernels.nki_moe import (
     blockwise_moe_backward_reference,
@@ -15,14 +15,14 @@ from qwen3_trn.kernels.nki_moe import (
     nki_moe_forward_with,
 )
 
-PORTABLE = sorted(name for name, impl in KERNELS.impls("moe_swiglu_experts").items() if impl.portable)
+PORTABLE = sorted(name for name, kernel in KERNELS.items() if kernel.portable)
 E, F, D = 6, 48, 32
 # Experts 1 and 4 receive no rows: their weight gradients must be exactly zero.
 COUNTS = torch.tensor([5, 0, 9, 3, 0, 7])
 
 
 def test_every_portable_kernel_is_registered():
-    assert PORTABLE == ["grouped_mm", "padded_bmm", "per_expert_mm"]
+    assert PORTABLE == ["grouped_mm", "padded_bmm"]
 
 
 def _torchtitan_experts(seed: int = 0) -> GroupedExperts:
@@ -108,8 +108,8 @@ def test_grouped_mm_padding_for_aligned_token_groups_is_exact(monkeypatch):
     x = torch.randn(rows, D, dtype=torch.bfloat16)
     weights = [(torch.randn(*shape) * 0.2).bfloat16() for shape in ((E, F, D), (E, D, F), (E, F, D))]
     grad = torch.randn(rows, D, dtype=torch.bfloat16)
-    op = KERNELS.select_kernel("moe_swiglu_experts", "grouped_mm", "cpu").op
-    backward = KERNELS.op_overload("moe_swiglu_experts_backward", "grouped_mm")
+    op = select_kernel("grouped_mm", "cpu").op
+    backward = KERNELS["grouped_mm"].backward_op
 
     unpadded = op(x, *weights, COUNTS)
     unpadded_grads = backward(grad, x, *weights, COUNTS, unpadded[1], unpadded[2], unpadded[0])
@@ -146,12 +146,11 @@ def test_padded_token_groups_hold_only_the_blocks_the_routing_needs_unless_the_d
     torch.testing.assert_close(exact.unpad(exact.pad(x)), x, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("kernel", ["per_expert_mm", "padded_bmm"])
-def test_host_count_kernels_reject_counts_that_do_not_cover_the_rows(kernel):
+def test_padded_bmm_rejects_counts_that_do_not_cover_the_rows():
     x = torch.randn(int(COUNTS.sum()) + 1, D)
     weights = [torch.randn(*shape) for shape in ((E, F, D), (E, D, F), (E, F, D))]
     with pytest.raises(ValueError, match="sums to 24, but x has 25 rows"):
-        moe_swiglu_experts(x, *weights, COUNTS, kernel=kernel)
+        moe_swiglu_experts(x, *weights, COUNTS, kernel="padded_bmm")
 
 
 def _fp32_inputs(counts, seed=2):
@@ -226,14 +225,12 @@ def test_padded_bmm_is_exact_with_and_without_rows_beyond_capacity(counts):
         assert torch.count_nonzero(weight.grad[empty]) == 0
 
 
-@pytest.mark.parametrize("kernel", ["per_expert_mm", "padded_bmm"])
-def test_emulated_bf16_matmuls_run_once_in_fp32_and_round_at_the_end(kernel, monkeypatch):
+def test_emulated_bf16_matmuls_run_once_in_fp32_and_round_at_the_end(monkeypatch):
     """On CPUs without native bf16 matmul the inputs are upcast once: the result is exactly
     the fp32 kernel's, rounded to bf16."""
     x, weights, grad = _fp32_inputs(COUNTS)
     x16, w16, grad16 = x.detach().bfloat16(), [w.detach().bfloat16() for w in weights], grad.bfloat16()
-    forward = KERNELS.op_overload("moe_swiglu_experts", kernel)
-    backward = KERNELS.op_overload("moe_swiglu_experts_backward", kernel)
+    forward, backward = KERNELS["padded_bmm"].op, KERNELS["padded_bmm"].backward_op
     as_fp32 = [t.float() for t in (x16, *w16)]
     want = forward(*as_fp32, COUNTS)
     out16, gate16, up16 = (t.bfloat16() for t in want)  # what the bf16 forward saves
@@ -261,7 +258,7 @@ def test_wrapper_rejects_mismatched_shapes_and_dtypes():
 
 @pytest.mark.parametrize("kernel", PORTABLE)
 def test_opcheck_schema_fake_and_autograd_registration(kernel):
-    op = KERNELS.select_kernel("moe_swiglu_experts", kernel, "cpu").op
+    op = select_kernel(kernel, "cpu").op
     x = torch.randn(int(COUNTS.sum()), D, requires_grad=True)
     weights = [torch.randn(*shape, requires_grad=True) for shape in ((E, F, D), (E, D, F), (E, F, D))]
     torch.library.opcheck(op, (x, *weights, COUNTS), test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
@@ -276,10 +273,10 @@ def test_fake_tensor_shapes_of_forward_and_backward():
         w1, w2, w3 = (w.bfloat16() for w in (w1, w2, w3))
         counts = torch.empty(E, dtype=torch.int64)
         for kernel in PORTABLE:
-            out, gate, up = KERNELS.op_overload("moe_swiglu_experts", kernel)(x, w1, w2, w3, counts)
+            out, gate, up = KERNELS[kernel].op(x, w1, w2, w3, counts)
             assert (out.shape, gate.shape, up.shape) == ((1000, D), (1000, F), (1000, F))
             assert out.dtype == torch.bfloat16
-            grads = KERNELS.op_overload("moe_swiglu_experts_backward", kernel)(out, x, w1, w2, w3, counts, gate, up, out)
+            grads = KERNELS[kernel].backward_op(out, x, w1, w2, w3, counts, gate, up, out)
             assert [tuple(g.shape) for g in grads] == [(1000, D), (E, F, D), (E, D, F), (E, F, D)]
 
 
@@ -289,10 +286,8 @@ def test_nki_plumbing_with_reference_kernels_matches_portable_kernel():
     x = torch.randn(rows, D)
     weights = [torch.randn(*shape) * 0.2 for shape in ((E, F, D), (E, D, F), (E, F, D))]
     grad = torch.randn(rows, D)
-    expected = KERNELS.op_overload("moe_swiglu_experts", "per_expert_mm")(x, *weights, COUNTS)
-    expected_grads = KERNELS.op_overload("moe_swiglu_experts_backward", "per_expert_mm")(
-        grad, x, *weights, COUNTS, expected[1], expected[2], expected[0]
-    )
+    expected = KERNELS["grouped_mm"].op(x, *weights, COUNTS)
+    expected_grads = KERNELS["grouped_mm"].backward_op(grad, x, *weights, COUNTS, expected[1], expected[2], expected[0])
 
     for block_size in (4, 256):
         out, gate, up = nki_moe_forward_with(blockwise_moe_reference, x, *weights, COUNTS, block_size=block_size)

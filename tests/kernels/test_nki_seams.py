@@ -12,7 +12,7 @@ import torch
 
 from qwen3_trn.app import execute, to_run_config
 from qwen3_trn.errors import ConfigError
-from qwen3_trn.kernels import KERNELS, KernelGroupedExperts, layouts, nki_moe
+from qwen3_trn.kernels import DEVICE_KERNELS, KERNELS, KernelGroupedExperts, layouts, nki_moe
 from qwen3_trn.kernels.nki_moe import (
     NKI_KERNEL_LIMITS,
     blockwise_moe_backward_reference,
@@ -24,7 +24,6 @@ from qwen3_trn.preflight import prepare
 from tests.conftest import compose_config, in_process
 from tests.kernels import neuron_stand_ins as stand_ins
 
-OPS = ("moe_swiglu_experts", "moe_swiglu_experts_backward")
 # One rank's experts within every kernel limit at LNC=2: H in [512, 8192] and a multiple of
 # 512, I/2 a multiple of 32, 8..64 experts.
 D, F, E = 512, 64, 8
@@ -36,8 +35,7 @@ def neuron_stack(monkeypatch):
     """The stand-in Neuron stack, the nki kernel's probe run afresh (it is memoized per
     process) and its launchers rebuilt for this stack."""
     stack = stand_ins.install(monkeypatch)
-    for op in OPS:
-        monkeypatch.setattr(KERNELS.impl(op, "nki"), "probe", probe_nki)
+    monkeypatch.setattr(KERNELS["nki"], "probe", probe_nki)
     nki_moe._launcher.cache_clear()
     yield stack
     nki_moe._launcher.cache_clear()
@@ -46,8 +44,7 @@ def neuron_stack(monkeypatch):
 @pytest.fixture
 def nki_on_cpu(neuron_stack, monkeypatch):
     """The nki kernel also selectable on CPU, where its stand-in launches compute."""
-    for op in OPS:
-        monkeypatch.setattr(KERNELS.impl(op, "nki"), "devices", frozenset({"neuron", "cpu"}))
+    monkeypatch.setitem(DEVICE_KERNELS, "cpu", (*DEVICE_KERNELS["cpu"], "nki"))
     return neuron_stack
 
 
@@ -166,26 +163,25 @@ def _inputs(rows_per_expert=(5, 0, 9, 3, 0, 7, 1, 2), seed=0):
 
 def test_launches_pass_a_tuple_grid_and_hashable_constants_to_launchers_built_once(nki_on_cpu):
     x, weights, counts = _inputs()
-    op = KERNELS.op_overload("moe_swiglu_experts", "nki")
-    backward = KERNELS.op_overload("moe_swiglu_experts_backward", "nki")
+    op, backward = KERNELS["nki"].op, KERNELS["nki"].backward_op
     grad = torch.randn(x.shape[0], D)
     for _ in range(2):
         out, gate, up = op(x, *weights, counts)
         grads = backward(grad, x, *weights, counts, gate, up, out)
     assert nki_on_cpu.wraps == ["blockwise_mm_baseline_shard_intermediate", "blockwise_mm_bwd"]
     assert {grid for _, grid in nki_on_cpu.launches} == {(stand_ins.LNC,)}
-    want = KERNELS.op_overload("moe_swiglu_experts", "per_expert_mm")(x, *weights, counts)
-    want_grads = KERNELS.op_overload("moe_swiglu_experts_backward", "per_expert_mm")(grad, x, *weights, counts, *want[1:], want[0])
+    want = KERNELS["grouped_mm"].op(x, *weights, counts)
+    want_grads = KERNELS["grouped_mm"].backward_op(grad, x, *weights, counts, *want[1:], want[0])
     for got, expected in zip((out, gate, up, *grads), (*want, *want_grads)):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_nki_operators_pass_opcheck(nki_on_cpu):
     x, weights, counts = _inputs()
-    out, gate, up = KERNELS.op_overload("moe_swiglu_experts", "nki")(x, *weights, counts)
+    out, gate, up = KERNELS["nki"].op(x, *weights, counts)
     for op, args in (
-        (KERNELS.op_overload("moe_swiglu_experts", "nki"), (x, *weights, counts)),
-        (KERNELS.op_overload("moe_swiglu_experts_backward", "nki"), (torch.randn_like(out), x, *weights, counts, gate, up, out)),
+        (KERNELS["nki"].op, (x, *weights, counts)),
+        (KERNELS["nki"].backward_op, (torch.randn_like(out), x, *weights, counts, gate, up, out)),
     ):
         torch.library.opcheck(op, args)
 
