@@ -175,7 +175,7 @@ CONFIG_DIR_CASES = {
         "training/mine.yaml",
         "steps: lots\n",
         "training=mine",
-        ["training.steps", "training/mine.yaml, line 1, column 1", "not an integer"],
+        ["training.steps", "training/mine.yaml, line 1, column 1", "give a whole number"],
     ),
     "unknown-option": (
         "model/mine.yaml",
@@ -389,7 +389,7 @@ def test_relative_paths_resolve_against_the_working_directory(tmp_path, monkeypa
 
 
 COMPOSITION_CASES = {
-    "unknown-group-option": (["model=nonexistent"], ["model", "Available options in 'model'"]),
+    "unknown-group-option": (["model=nonexistent"], ["error: model: ", "the options of model are", "tiny_moe"]),
     "unknown-key": (["model.n_layerz=2"], ["model.n_layerz", "did you mean n_layers"]),
     "unknown-key-added": (["+training.foo=1"], ["training.foo"]),
     "key-of-another-option": (["launcher.partition=cpu"], ["launcher.partition", "belongs to launcher=slurm"]),
@@ -405,3 +405,25 @@ def test_composition_error(case, tmp_path):
     code, stderr = run_in_process(args, tmp_path / "run")
     for needle in named:
         assert_refused(code, stderr, needle, tmp_path / "run")
+
+
+def test_composition_errors_keep_the_library_message_without_reading_it():
+    """The key, the place and the fix come from the exceptions' types and attributes: a library
+    that words its messages differently changes only the message quoted in the paragraph."""
+    from hydra.errors import MissingConfigException
+    from omegaconf.errors import ConfigKeyError, ValidationError
+
+    from qwen3_trn.config.composition import composition_error
+    from qwen3_trn.config.schema import ModelConfig, TrainingConfig
+
+    def raised(exc, full_key, key, object_type):
+        exc.full_key, exc.key, exc.object_type, exc.ref_type = full_key, key, object_type, object_type
+        return exc
+
+    wrong_type = composition_error(raised(ValidationError("reworded: steps wants a number"), "training.steps", "steps", TrainingConfig))
+    assert wrong_type.key == "training.steps"
+    assert str(wrong_type).startswith("training.steps: reworded: steps wants a number; give a whole number (the default is ")
+    unknown = composition_error(raised(ConfigKeyError("reworded"), "model.n_layerz", "n_layerz", ModelConfig))
+    assert unknown.key == "model.n_layerz" and "reworded; no such key: did you mean n_layers?" in str(unknown)
+    missing = composition_error(MissingConfigException("reworded", missing_cfg_file="model/mine", options=["tiny", "tiny_moe"]))
+    assert str(missing) == "model: reworded; the options of model are tiny, tiny_moe: pick one, or add a model/mine.yaml with --config-dir."

@@ -69,7 +69,7 @@ def _binary_data_file(tmp_path):
 # argument handling, the app's exit-status contract). The rest take the command's path
 # in-process (``run_in_process``: Hydra's compose, the app's task function).
 CLI_CASES = [
-    (["model=nonexistent"], "Available options in 'model'"),
+    (["model=nonexistent"], "error: model: "),
     (["model=tiny_moe", "model.top_k=16"], "model.top_k"),
     (_bad_yaml_in_config_dir, "mine.yaml, line 2, column 1: malformed YAML"),
     (_config_dir_shadowing_the_packaged_config, "has the name of the packaged conf/config.yaml"),

@@ -2,114 +2,145 @@
 
 A malformed YAML file, an unknown key, a value of the wrong type or an option that does not
 exist, whether in ``conf/``, in a ``--config-dir`` file or on the command line, becomes a
-``ConfigError`` naming the key, where it was given (the file with line and column, or the
-override) and the fix, instead of Hydra's report and exit status 1.
+``ConfigError`` that keeps the library's own message (its first line) and adds the key, where it
+was given (the file with line and column, or the override) and the fix, instead of Hydra's
+report and exit status 1.
+
+Nothing here reads the libraries' wording. The key, the value and the declared type come from
+the exceptions' attributes (OmegaConf's ``full_key``, ``key`` and ``object_type``; Hydra's
+``MissingConfigException.missing_cfg_file`` and ``options``; ``OverrideParseException.override``),
+the kind of problem from the exception's type, and the input Hydra was composing when it failed
+from the Hydra object on the failing call stack: the command line's ``Override`` or the config
+file's ``ResultDefault``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
+import traceback
+import types
 import typing
+from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
+from hydra.core.default_element import ResultDefault
+from hydra.core.override_parser.types import Override
 from hydra.errors import MissingConfigException, OverrideParseException
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from qwen3_trn.config.files import describe_yaml_error, yaml_position
-from qwen3_trn.config.schema import OPTION_SCHEMAS, RunConfig
 from qwen3_trn.errors import ConfigError
 
 KEYS_HINT = "python -m qwen3_trn --cfg job lists every key"
+OVERRIDE_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic"
 
-_TYPE_WORDS = {
-    "Integer": ("an integer", "give a whole number"),
-    "Float": ("a number", "give a number such as 3e-4"),
-    "Boolean": ("true or false", "give true or false"),
+# What to give for a value of the declared type.
+_TYPE_FIXES = {
+    bool: "give true or false",
+    int: "give a whole number",
+    float: "give a number such as 3e-4",
+    str: "give a plain value (quote it if it has commas or brackets)",
 }
 
 
-def _schema_classes(parts: list[str]) -> list[type]:
-    """The dataclasses that can sit at the key path ``parts`` (every option's schema of a group)."""
-    classes: list[type] = [RunConfig]
-    for depth, part in enumerate(parts):
-        found: list[type] = []
-        for cls in classes:
-            hints = typing.get_type_hints(cls)
-            if part not in hints:
-                continue
-            if depth == 0 and part in OPTION_SCHEMAS:
-                found.extend(OPTION_SCHEMAS[part][1].values())
-            elif dataclasses.is_dataclass(hints[part]):
-                found.append(hints[part])
-        classes = found
-    return classes
+def _field(cls: Any, name: str) -> dataclasses.Field | None:
+    if not dataclasses.is_dataclass(cls):
+        return None
+    return next((f for f in dataclasses.fields(cls) if f.name == name), None)
 
 
-def _field_names(cls: type) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
+def _option_name(cls: type) -> str | None:
+    """The option of its group a schema class is (the default of its ``name``), if it is one."""
+    field = _field(cls, "name")
+    return field.default if field is not None and isinstance(field.default, str) else None
 
 
-def _unknown_key_fix(key: str) -> str:
-    parts = key.split(".")
-    parent, name = parts[:-1], parts[-1]
-    classes = _schema_classes(parent)
-    if not classes:
+def _sibling_schemas(exc: OmegaConfBaseException) -> list[type]:
+    """The other schemas the key's parent could have: for a group with a schema per option
+    (``launcher``), every option's, as subclasses of the group's base (OmegaConf's ``ref_type``)."""
+    found, todo = [], [exc.ref_type] if dataclasses.is_dataclass(exc.ref_type) else []
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return [cls for cls in found if cls is not exc.object_type]
+
+
+def _unknown_key_fix(exc: OmegaConfBaseException) -> str:
+    parent, _, name = _clean_key(exc.full_key or str(exc.key)).rpartition(".")
+    if not dataclasses.is_dataclass(exc.object_type):
         return f"remove it or fix the spelling ({KEYS_HINT})."
-    group = parent[0] if parent else None
-    if group in OPTION_SCHEMAS:
-        owners = [option for option, cls in OPTION_SCHEMAS[group][1].items() if name in _field_names(cls)]
-        if owners:
-            return f"it belongs to {' / '.join(f'{group}={o}' for o in owners)}; choose that option or remove the key."
-    names = sorted({n for cls in classes for n in _field_names(cls)})
+    owners = [option for cls in _sibling_schemas(exc) if _field(cls, name) and (option := _option_name(cls))]
+    if owners:
+        return f"it belongs to {' / '.join(f'{parent}={option}' for option in owners)}; choose that option or remove the key."
+    names = sorted(f.name for f in dataclasses.fields(exc.object_type))
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
-    where = ".".join(parent) or "the top level"
     return (
-        f"{hint}Keys of {where}: {', '.join(names)}. Remove it or fix the spelling; torchtitan fields without a key "
-        "here go under +titan.<path>=<value>."
+        f"{hint}Keys of {parent or 'the top level'}: {', '.join(names)}. Remove it or fix the spelling; torchtitan fields "
+        "without a key here go under +titan.<path>=<value>."
     )
 
 
-def _default_hint(key: str) -> str:
-    node: Any = RunConfig(output_dir="")
-    for part in key.split("."):
-        node = getattr(node, part, None)
-        if node is None:
-            return ""
-    return f" (the default is {node})" if not dataclasses.is_dataclass(node) else ""
+def _default_hint(exc: OmegaConfBaseException) -> str:
+    field = _field(exc.object_type, str(exc.key))
+    if field is None or field.default in (dataclasses.MISSING, None, "???"):
+        return ""
+    return f" (the default is {field.default})"
 
 
-def describe_value_problem(key: str, message: str, where: str = "") -> ConfigError:
-    """A ConfigError for OmegaConf's message about ``key`` (its first line, without the
-    ``full_key`` block), said in the user's terms."""
-    first = message.strip().splitlines()[0] if message.strip() else message
-    at = f" ({where})" if where else ""
-    if m := re.match(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", first):
-        what, fix = _TYPE_WORDS.get(m.group(3), (m.group(3).lower(), f"give a {m.group(3).lower()}"))
-        return ConfigError(key, f"'{m.group(1)}' is not {what}{at}; {fix}{_default_hint(key)}.")
-    if m := re.match(r"Value '(.*)' is not a valid bool", first):
-        return ConfigError(key, f"'{m.group(1)}' is not true or false{at}; give true or false{_default_hint(key)}.")
-    if m := re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", first):
-        return ConfigError(key, f"'{m.group(1)}' is not an option{at}; use one of {m.group(2)}.")
-    if m := re.match(r"Cannot convert '(\w+)' to string", first):
-        return ConfigError(key, f"expects a string, got a {m.group(1)}{at}; give a plain value (quote it if it has commas or brackets).")
-    if m := re.match(r"Cannot assign (\w+) to (Dict\[.*\])", first):
-        return ConfigError(
-            key, f"expects a mapping, got {m.group(1)}{at}; give {{NAME: value, ...}} or set single entries with +{key}.NAME=value."
-        )
-    if m := re.match(r"Invalid value assigned: (\w+) is not a ListConfig", first):
-        return ConfigError(key, f"expects a list, got {m.group(1)}{at}; give [a, b, ...].")
-    if re.match(r"Key '.*' (not in|is not in struct)", first):
-        return ConfigError(key, f"no such key{at}; {_unknown_key_fix(key)}")
-    return ConfigError(key, f"{first}{at}.")
+def _declared_type(exc: OmegaConfBaseException) -> Any:
+    """The schema's type of the key ``exc`` is about (``Optional[X]`` as ``X``), or None."""
+    if _field(exc.object_type, str(exc.key)) is None:
+        return None
+    try:
+        declared = typing.get_type_hints(exc.object_type).get(str(exc.key))
+    except (NameError, TypeError):
+        return None
+    if typing.get_origin(declared) in (typing.Union, types.UnionType):
+        given = [arg for arg in typing.get_args(declared) if arg is not type(None)]
+        declared = given[0] if len(given) == 1 else None
+    return declared
+
+
+def _type_fix(exc: OmegaConfBaseException) -> str:
+    """How to give a value of the key's declared type."""
+    declared = _declared_type(exc)
+    container = typing.get_origin(declared) or declared
+    if isinstance(declared, type) and issubclass(declared, Enum):
+        return f"use one of {', '.join(declared.__members__)}"
+    if declared in _TYPE_FIXES:
+        return _TYPE_FIXES[declared] + _default_hint(exc)
+    if container in (dict, typing.Mapping):
+        return f"give {{NAME: value, ...}} or set single entries with +{_clean_key(exc.full_key or str(exc.key))}.NAME=value"
+    if container in (list, tuple):
+        return "give [a, b, ...]"
+    return f"give a value of the type the key takes ({KEYS_HINT})"
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0].rstrip(".") if lines else type(exc).__name__
 
 
 def _clean_key(key: str) -> str:
-    return re.sub(r"\[\d+\]$", "", key)
+    """``a.b`` for the list item ``a.b[2]``."""
+    return key[: key.rindex("[")] if key.endswith("]") and "[" in key else key
+
+
+def describe_value_problem(exc: OmegaConfBaseException, where: str = "") -> ConfigError:
+    """A ConfigError for OmegaConf's error about a key: its message, the key, where it was given
+    and the fix, by the error's type (an unknown key, a value of the wrong type)."""
+    key = _clean_key(exc.full_key or "config")
+    said = f"{_first_line(exc)}{f' ({where})' if where else ''}"
+    if isinstance(exc, (ConfigKeyError, ConfigAttributeError)):
+        return ConfigError(key, f"{said}; no such key: {_unknown_key_fix(exc)}")
+    if isinstance(exc, ValidationError):
+        return ConfigError(key, f"{said}; {_type_fix(exc)}.")
+    return ConfigError(key, f"{said}; {KEYS_HINT}.")
 
 
 def refuse_shadowed_config_files(config_dirs: Iterable[Path], packaged: Path) -> None:
@@ -138,9 +169,9 @@ def refuse_shadowed_config_files(config_dirs: Iterable[Path], packaged: Path) ->
             )
 
 
-def _locate(config_name: str, search_dirs: Iterable[Path]) -> Path | None:
+def _locate(config_path: str, search_dirs: Iterable[Path]) -> Path | None:
     for directory in search_dirs:
-        candidate = Path(directory) / f"{config_name}.yaml"
+        candidate = Path(directory) / f"{config_path}.yaml"
         if candidate.is_file():
             return candidate
     return None
@@ -163,55 +194,81 @@ def _cause_chain(exc: BaseException) -> Iterable[BaseException]:
         exc = exc.__cause__ or exc.__context__
 
 
+def _failing_input(exc: BaseException) -> Override | ResultDefault | None:
+    """What Hydra was composing when ``exc`` was raised: the innermost command-line ``Override``
+    or config file (``ResultDefault``) held by a frame of the failing call stack."""
+    for link in _cause_chain(exc):
+        for frame, _ in reversed(list(traceback.walk_tb(link.__traceback__))):
+            found = next((v for v in frame.f_locals.values() if isinstance(v, (Override, ResultDefault))), None)
+            if found is not None:
+                return found
+    return None
+
+
+def _where(given: Override | ResultDefault | None, key: str, search_dirs: list[Path]) -> str:
+    if isinstance(given, Override):
+        return f"command line: {given.input_line}"
+    if isinstance(given, ResultDefault) and given.config_path:
+        path = _locate(given.config_path, search_dirs)
+        return _file_position(path, key) if path else f"in config '{given.config_path}'"
+    return ""
+
+
+def _override_problem(exc: BaseException, override: Override) -> ConfigError:
+    """A problem of the override itself (no key of the config at fault yet)."""
+    key, value = override.key_or_group, str(override.input_line).partition("=")[2]
+    if override.is_sweep_override():
+        fix = f"for a list write {key}=[{value}], for a string quote it ({key}='{value}'), to sweep over it add -m"
+    elif override.is_add():
+        fix = f"{key} already exists, so it cannot be added with '+'; write {key}=<value> (or ++{key}=<value> to add or override)"
+    else:
+        fix = f"see {OVERRIDE_GRAMMAR}"
+    return ConfigError(key, f"{_first_line(exc)}; {fix}.")
+
+
+def _missing_option(exc: MissingConfigException) -> ConfigError:
+    missing = exc.missing_cfg_file or "config"
+    group, _, option = missing.rpartition("/")
+    if not group:
+        return ConfigError(missing, f"{_first_line(exc)}; check --config-dir / --config-name.")
+    if exc.options:
+        options = f"the options of {group} are {', '.join(exc.options)}: pick one"
+    else:
+        options = f"the group {group} has no options on the config search path"
+    return ConfigError(group, f"{_first_line(exc)}; {options}, or add a {group}/{option}.yaml with --config-dir.")
+
+
+def _unparsable(exc: OverrideParseException) -> ConfigError:
+    key = exc.override.split("=", 1)[0].lstrip("+~") or exc.override
+    return ConfigError(
+        key,
+        f"cannot parse the override '{exc.override}' ({_first_line(Exception(exc.message))}); "
+        f"see {OVERRIDE_GRAMMAR} (quote values with special characters).",
+    )
+
+
 def composition_error(exc: BaseException, search_dirs: Iterable[Path] = ()) -> ConfigError:
     """The ConfigError that says what went wrong composing the config, and where."""
     search_dirs = list(search_dirs)
     if isinstance(exc, ConfigError):
         return exc
-    for link in _cause_chain(exc):
+    chain = list(_cause_chain(exc))
+    for link in chain:
         if isinstance(link, yaml.YAMLError):
             mark = getattr(link, "problem_mark", None) or getattr(link, "context_mark", None)
             group = _group_of(Path(mark.name), search_dirs) if mark is not None and mark.name else "config"
             return ConfigError(group, f"{describe_yaml_error(link)}; fix the YAML syntax there.")
-    text = str(exc)
-    if isinstance(exc, OverrideParseException):
-        key = exc.override.split("=", 1)[0].lstrip("+~") or exc.override
-        return ConfigError(
-            key,
-            f"cannot parse the override '{exc.override}' ({exc.message.splitlines()[0]}); "
-            "see https://hydra.cc/docs/advanced/override_grammar/basic (quote values with special characters).",
-        )
-    if isinstance(exc, MissingConfigException) or "Could not find '" in text:
-        return _missing_option(text)
-    if m := re.search(r"Ambiguous value for argument '([^=']+)=([^']*)'", text):
-        return ConfigError(
-            m.group(1),
-            f"'{m.group(2)}' is ambiguous: for a list write {m.group(1)}=[{m.group(2)}], for a string quote it "
-            f"({m.group(1)}='{m.group(2)}'), to sweep over it add -m.",
-        )
-    if m := re.search(r"An item is already at '([^']+)'", text):
-        return ConfigError(
-            m.group(1), f"already exists, so it cannot be added with '+'; write {m.group(1)}=<value> (or ++ to add or override)."
-        )
-    if m := re.match(r"In '([^']+)': (\w+) raised while composing config:\n(.*)", text, re.S):
-        config_name, body = m.group(1), m.group(3)
-        key = _clean_key(_full_key(body) or config_name.split("/")[0])
-        path = _locate(config_name, search_dirs)
-        where = _file_position(path, key) if path else f"in config '{config_name}'"
-        return describe_value_problem(key, body, where)
-    cause = next((link for link in _cause_chain(exc) if isinstance(link, OmegaConfBaseException) and getattr(link, "full_key", None)), None)
-    if cause is not None:
-        override = re.search(r"(?:Error merging override|Could not override '?)\s*'?([^\s']+)", text)
-        where = f"command line: {override.group(1)}" if override else ""
-        return describe_value_problem(_clean_key(cause.full_key), str(cause), where)
-    if isinstance(exc, OmegaConfBaseException) and getattr(exc, "full_key", None):
-        return describe_value_problem(_clean_key(exc.full_key), text)
-    return ConfigError("config", f"{text.strip().splitlines()[0] if text.strip() else type(exc).__name__}; {KEYS_HINT}.")
-
-
-def _full_key(body: str) -> str | None:
-    m = re.search(r"full_key: (\S+)", body)
-    return m.group(1) if m else None
+        if isinstance(link, OverrideParseException):
+            return _unparsable(link)
+        if isinstance(link, MissingConfigException):
+            return _missing_option(link)
+    given = _failing_input(exc)
+    value_error = next((link for link in chain if isinstance(link, OmegaConfBaseException) and link.full_key), None)
+    if value_error is not None:
+        return describe_value_problem(value_error, _where(given, _clean_key(value_error.full_key), search_dirs))
+    if isinstance(given, Override):
+        return _override_problem(exc, given)
+    return ConfigError("config", f"{_first_line(exc)}; {KEYS_HINT}.")
 
 
 def _group_of(path: Path, search_dirs: list[Path]) -> str:
@@ -223,16 +280,3 @@ def _group_of(path: Path, search_dirs: list[Path]) -> str:
             continue
         return relative.parent.as_posix() if relative.parent.as_posix() != "." else relative.stem
     return path.parent.name or "config"
-
-
-def _missing_option(text: str) -> ConfigError:
-    m = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
-    options = re.search(r"Available options in '([^']+)':\n((?:\t.*\n?)*)", text)
-    if m:
-        group, option = m.group(1), m.group(2)
-        listed = ", ".join(line.strip() for line in options.group(2).splitlines() if line.strip()) if options else ""
-        shown = f"Available options in '{group}': {listed}" if listed else f"the group '{group}' has no options on the config search path"
-        return ConfigError(group, f"no option '{option}'. {shown}; add a {group}/{option}.yaml with --config-dir, or pick one of those.")
-    m = re.search(r"Could not find '([^']+)'", text)
-    name = m.group(1) if m else "config"
-    return ConfigError(name.split("/")[0], f"no config '{name}' on the config search path; check --config-dir / --config-name.")

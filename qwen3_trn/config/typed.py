@@ -40,7 +40,7 @@ def run_config_from_container(plain: dict[str, Any], check_ranges: bool = True) 
         key = exc.full_key or "config"
         raise ConfigError(key, f"has no value; {MANDATORY_HINTS.get(key, 'set it')}.") from None
     except OmegaConfBaseException as exc:
-        raise describe_value_problem(getattr(exc, "full_key", None) or "config", str(exc)) from None
+        raise describe_value_problem(exc) from None
     if typed.output_dir is None:
         raise ConfigError("output_dir", "has no value; Hydra sets it from hydra.run.dir in a run, elsewhere give output_dir=<dir>.")
     if check_ranges:
