@@ -17,7 +17,7 @@
 
 Prints the report (and writes it to ``<export folder>.verify.json``); exits 1 on a failure,
 2 on a configuration error. The helpers here (one CPU rank, loading a config into torchtitan,
-logits from either side) are shared with ``qwen3_trn.roundtrip``.
+logits from either side) are shared with ``tools/roundtrip.py``.
 """
 
 from __future__ import annotations

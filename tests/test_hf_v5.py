@@ -14,7 +14,6 @@ import torch
 
 from qwen3_trn.app import execute, to_run_config
 from qwen3_trn.errors import ConfigError
-from qwen3_trn.hf.testing import DENSE, MOE, make_random_hf_checkpoint
 from tests.conftest import (
     HF_EXPORT_STEPS,
     HF_V5_DENSE,
@@ -27,6 +26,7 @@ from tests.conftest import (
     in_process,
     read_summary,
 )
+from tests.hf_checkpoints import DENSE, MOE, make_random_hf_checkpoint
 
 # Tiny and quick: 2 layers, 64 tokens per row, 4 steps (fp32 on this CPU).
 TINY_RUN = ["training.steps=4", "training.seq_len=64", "optimizer.warmup_steps=2", "logger=none"]
@@ -45,7 +45,7 @@ def _falls(records, by=0.15):
 def _python(code: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter. Transformers reference models are loaded there:
     building torchtitan's HFTransformerModel monkeypatches transformers' weight init for the
-    rest of a process (see qwen3_trn.roundtrip._in_clean_process)."""
+    rest of a process (see qwen3_trn.verify.in_clean_process)."""
     import os
 
     return subprocess.run(
@@ -218,7 +218,7 @@ def test_roundtrip_command_tied_dense(tmp_path, capsys):
     copy drops only that (acceptable for tied embeddings), tensors and logits match."""
     from safetensors.torch import load_file, save_file
 
-    from qwen3_trn.roundtrip import main
+    from tools.roundtrip import main
 
     source = make_random_hf_checkpoint(tmp_path / "src", DENSE, dtype="bfloat16", max_shard_size="100KB")
     index = json.loads((source / "model.safetensors.index.json").read_text())
@@ -252,7 +252,7 @@ def test_roundtrip_command_tied_dense(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_roundtrip_moe(tmp_path):
-    from qwen3_trn.roundtrip import roundtrip
+    from tools.roundtrip import roundtrip
 
     source = make_random_hf_checkpoint(tmp_path / "src", MOE)
     report = roundtrip(source, tmp_path / "copy")
@@ -264,7 +264,7 @@ def test_roundtrip_moe(tmp_path):
 
 
 def test_roundtrip_key_check_fails_on_anything_but_tied_lm_head():
-    from qwen3_trn.roundtrip import key_differences
+    from tools.roundtrip import key_differences
 
     before = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
     assert key_differences(before, before - {"lm_head.weight"}, tied=True) == ([], [], ["lm_head.weight"])

@@ -1,13 +1,14 @@
 """Small random Hugging Face Qwen3 checkpoints, for tests and for trying the round trip offline.
 
-``python -m qwen3_trn.hf.testing <out dir> [--moe] [--untied] [--dtype bfloat16] [--shards N]``
-writes a directory ``transformers.AutoModelForCausalLM.from_pretrained`` loads: config.json
+``python -m tests.hf_checkpoints <out dir> [--moe] [--untied] [--dtype bfloat16] [--shard-size 100KB]``,
+run from a checkout, writes a directory ``transformers.AutoModelForCausalLM.from_pretrained`` loads: config.json
 (with ``architectures``), safetensors weights and the project's embedded tokenizer.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -30,21 +31,8 @@ DENSE = Qwen3Architecture(
     tie_embeddings=True,
     hidden_dim=128,
 )
-MOE = Qwen3Architecture(
-    n_layers=2,
-    dim=64,
-    n_heads=4,
-    n_kv_heads=2,
-    head_dim=16,
-    vocab_size=2048,
-    max_seq_len=256,
-    rope_theta=1_000_000.0,
-    fuse_qkv=True,
-    tie_embeddings=False,
-    num_experts=4,
-    top_k=2,
-    moe_hidden_dim=32,
-)
+# Qwen3-MoE: 4 experts, top-2, separate lm_head.
+MOE = dataclasses.replace(DENSE, tie_embeddings=False, hidden_dim=None, num_experts=4, top_k=2, moe_hidden_dim=32)
 
 
 def make_random_hf_checkpoint(
@@ -93,7 +81,7 @@ def make_random_hf_checkpoint(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m qwen3_trn.hf.testing", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.hf_checkpoints", description=__doc__.splitlines()[0])
     parser.add_argument("out", help="directory to write")
     parser.add_argument("--moe", action="store_true", help="a Qwen3-MoE (4 experts, top-2) instead of dense Qwen3")
     parser.add_argument("--untied", action="store_true", help="separate lm_head (dense only; MoE is always untied)")
@@ -101,8 +89,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shard-size", default=None, help="e.g. 100KB to write several safetensors files + index")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    import dataclasses
-
     arch = MOE if args.moe else dataclasses.replace(DENSE, tie_embeddings=not args.untied)
     path = make_random_hf_checkpoint(args.out, arch, dtype=args.dtype, seed=args.seed, max_shard_size=args.shard_size)
     print(path)

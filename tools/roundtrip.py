@@ -1,6 +1,6 @@
 """HF checkpoint -> torchtitan transformers-backend model -> HF checkpoint, verified.
 
-``python -m qwen3_trn.roundtrip <hf dir> [--out DIR] [--atol 1e-4]``
+``python tools/roundtrip.py <hf dir> [--out DIR] [--atol 1e-4]``
 
 1. builds the backend=hf_v5 trainer for ``<hf dir>``'s own config (model.hf_model=<hf dir>, no
    size overrides) and loads the weights exactly as a fine-tuning run does
@@ -16,7 +16,8 @@
    (torchtitan computes experts in bf16) its relative difference must stay within ``--moe-rtol``.
 
 Prints the report (and writes ``roundtrip.json`` next to the copy); exits 1 on any failure,
-2 on a configuration error.
+2 on a configuration error. A small checkpoint to try it on offline:
+``python -m tests.hf_checkpoints <out dir>``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from typing import Any
 
 import torch
 
-from qwen3_trn.config.schema import DeviceType, HfV5BackendConfig, ParamDType, RunConfig
+from qwen3_trn.backends.hf_v5 import HfV5Backend
+from qwen3_trn.config.schema import DeviceType, ParamDType, RunConfig
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.hf.checkpoint import checkpoint_dtype, read_config, safetensors_files
 from qwen3_trn.hf.export import save_hf_weights, write_hf_model_files
@@ -93,7 +95,7 @@ class RoundTripReport(LogitCheck):
 
 def _run_config(source: Path, run_dir: Path, seq_len: int):
     arch = architecture_from_hf(read_config(source), str(source))
-    cfg = RunConfig(output_dir=str(run_dir), backend=HfV5BackendConfig())
+    cfg = RunConfig(output_dir=str(run_dir), backend=HfV5Backend.Config())
     cfg.device.type = DeviceType.cpu
     # hf_model carries the architecture; the flavor only has to be of the same kind (no overrides).
     cfg.model.flavor = "debugmodel_moe" if arch.is_moe else "debugmodel"
@@ -230,7 +232,7 @@ def roundtrip(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m qwen3_trn.roundtrip", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python tools/roundtrip.py", description=__doc__.splitlines()[0])
     parser.add_argument("source", help="Hugging Face model directory (config.json + *.safetensors)")
     parser.add_argument("--out", default=None, help="new directory for the re-saved copy (default: <source>-roundtrip)")
     parser.add_argument("--atol", type=float, default=1e-4, help="max absolute logit difference accepted")
