@@ -40,11 +40,6 @@ def is_redacted(value: Any) -> bool:
     return value == REDACTED
 
 
-def redact_env(env: Mapping[str, Any]) -> dict[str, Any]:
-    """``env`` with the values of secret-looking names replaced by ``<redacted>``."""
-    return {key: REDACTED if looks_secret(key) else value for key, value in env.items()}
-
-
 def passed_env(env: Mapping[str, Any]) -> dict[str, str]:
     """What a process exports of a (saved) ``launcher.env``: redacted entries are left out,
     their values come with the environment the process was started in."""

@@ -115,10 +115,6 @@ class BlockwiseRouting:
     def num_blocks(self) -> int:
         return self.block_to_expert.shape[0]
 
-    @property
-    def padding_id(self) -> int:
-        return self.num_rows
-
 
 def blockwise_routing(
     num_tokens_per_expert: torch.Tensor,
