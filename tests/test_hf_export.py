@@ -124,3 +124,22 @@ def test_verify_command_line(tmp_path):
     (run_dir / "config.yaml").write_text(f"output_dir: {run_dir}\nmodel:\n  flavor: debugmodel\n")  # a run that was never trained
     done = subprocess.run([sys.executable, "-m", "qwen3_trn.verify", str(run_dir)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "no Hugging Face export found" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "overrides,tied",
+    [(["model=tiny", "model.tie_embeddings=false"], False), (["model=tiny_moe", "model.tie_embeddings=true"], True)],
+    ids=["dense-untied", "moe-tied"],
+)
+def test_tie_embeddings_override_reaches_the_export(overrides, tied, tmp_path):
+    """model.tie_embeddings flips the flavor's tying: the exported config.json says so, the stored
+    tensors follow, and transformers' model loaded from the folder matches torchtitan's."""
+    run_dir = tmp_path / "run"
+    result = in_process(["checkpoint=hf_export", "checkpoint.enable=true", *overrides, *HF_EXPORT_TRAINING], run_dir, env=OFFLINE)
+    assert_trained(result, run_dir, steps=HF_EXPORT_STEPS)
+    export = run_dir / "hf" / f"step-{HF_EXPORT_STEPS}"
+    assert read_config(export)["tie_word_embeddings"] is tied
+    assert ("lm_head.weight" in checkpoint_shapes(export)) is not tied
+    report = verify_export(run_dir)
+    assert report.ok, report.render()
+    assert report.loading["missing_keys"] == [] and report.loading["unexpected_keys"] == []
