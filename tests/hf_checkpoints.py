@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -33,6 +35,11 @@ DENSE = Qwen3Architecture(
 )
 # Qwen3-MoE: 4 experts, top-2, separate lm_head.
 MOE = dataclasses.replace(DENSE, tie_embeddings=False, hidden_dim=None, num_experts=4, top_k=2, moe_hidden_dim=32)
+
+
+def read_config(folder: str | Path) -> dict[str, Any]:
+    """The checkpoint's config.json."""
+    return json.loads((Path(folder) / "config.json").read_text())
 
 
 def make_random_hf_checkpoint(

@@ -20,7 +20,7 @@ from hydra.errors import ConfigCompositionException
 
 from qwen3_trn.app import execute
 from qwen3_trn.errors import ConfigError
-from qwen3_trn.hf.checkpoint import checkpoint_shapes, expected_shapes, read_config
+from qwen3_trn.hf.checkpoint import checkpoint_shapes, expected_shapes
 from qwen3_trn.verify import verify_export
 from tests.conftest import (
     HF_EXPORT_STEPS,
@@ -35,6 +35,7 @@ from tests.conftest import (
     in_process,
     read_summary,
 )
+from tests.hf_checkpoints import read_config
 
 pytestmark = pytest.mark.slow
 

@@ -26,7 +26,7 @@ from tests.conftest import (
     in_process,
     read_summary,
 )
-from tests.hf_checkpoints import DENSE, MOE, make_random_hf_checkpoint
+from tests.hf_checkpoints import DENSE, MOE, make_random_hf_checkpoint, read_config
 
 # Tiny and quick: 2 layers, 64 tokens per row, 4 steps (fp32 on this CPU).
 TINY_RUN = ["training.steps=4", "training.seq_len=64", "optimizer.warmup_steps=2", "logger=none"]
@@ -201,7 +201,7 @@ def test_moe_hf_v5_trains_and_exports_standard_qwen3_moe(tmp_path):
     assert not any("expert_bias" in k or "router" in k or "routed_experts" in k for k in keys)
     # exactly the tensors transformers' Qwen3MoeForCausalLM has (test_roundtrip_moe loads this
     # layout with transformers); config.json describes them
-    from qwen3_trn.hf.checkpoint import check_hf_checkpoint, read_config
+    from qwen3_trn.hf.checkpoint import check_hf_checkpoint
 
     check_hf_checkpoint(str(export), read_config(export))
     assert read_config(export)["architectures"] == ["Qwen3MoeForCausalLM"] and read_config(export)["dtype"] == "bfloat16"

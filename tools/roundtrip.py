@@ -23,6 +23,7 @@ Prints the report (and writes ``roundtrip.json`` next to the copy); exits 1 on a
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -34,7 +35,7 @@ import torch
 from qwen3_trn.backends.hf_v5 import HfV5Backend
 from qwen3_trn.config.schema import DeviceType, ParamDType, RunConfig
 from qwen3_trn.errors import ConfigError
-from qwen3_trn.hf.checkpoint import checkpoint_dtype, read_config, safetensors_files
+from qwen3_trn.hf.checkpoint import checkpoint_shapes, safetensors_files
 from qwen3_trn.hf.export import save_hf_weights, write_hf_model_files
 from qwen3_trn.models.hf_config import architecture_from_hf
 from qwen3_trn.records import write_json_atomic
@@ -50,6 +51,20 @@ from qwen3_trn.verify import (
 )
 
 LM_HEAD = "lm_head.weight"
+
+
+def read_config(folder: str | Path) -> dict[str, Any]:
+    return json.loads((Path(folder) / "config.json").read_text())
+
+
+def checkpoint_dtype(folder: str | Path) -> str:
+    """The torch dtype name most of the checkpoint's floating tensors are stored in."""
+    names = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
+    counts: dict[str, int] = {}
+    for _, dtype in checkpoint_shapes(folder).values():
+        if dtype in names:
+            counts[names[dtype]] = counts.get(names[dtype], 0) + 1
+    return max(counts, key=counts.get) if counts else "float32"
 
 
 @dataclass(kw_only=True)

@@ -8,7 +8,6 @@ torchtitan's distributed checkpoint load.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +33,6 @@ def checkpoint_shapes(folder: str | Path) -> dict[str, tuple[tuple[int, ...], st
                 part = handle.get_slice(key)
                 shapes[key] = (tuple(part.get_shape()), str(part.get_dtype()))
     return shapes
-
-
-def checkpoint_dtype(folder: str | Path) -> str:
-    """The torch dtype name most of the checkpoint's floating tensors are stored in."""
-    names = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
-    counts: dict[str, int] = {}
-    for _, dtype in checkpoint_shapes(folder).values():
-        if dtype in names:
-            counts[names[dtype]] = counts.get(names[dtype], 0) + 1
-    return max(counts, key=counts.get) if counts else "float32"
 
 
 def expected_shapes(hf_config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -147,7 +136,3 @@ def check_hf_checkpoint(folder: str, hf_config: dict[str, Any], key: str = "chec
             key,
             f"the checkpoint in '{folder}' has {len(unexpected)} tensor(s) the model ({arch}) lacks: {_listing(unexpected)}. {fix}",
         )
-
-
-def read_config(folder: str | Path) -> dict[str, Any]:
-    return json.loads((Path(folder) / "config.json").read_text())
