@@ -26,8 +26,8 @@ try:
 except ConfigError as exc:  # the installed torchtitan lacks names the project uses (qwen3_trn.titan)
     print(f"error: {exc}", file=sys.stderr, flush=True)
     sys.exit(2)  # bad input, as the app's exit_status reports it
-from qwen3_trn.config import register_schema  # noqa: E402
 from qwen3_trn.config.composition import refuse_shadowed_config_files  # noqa: E402
+from qwen3_trn.groups import register_schema  # noqa: E402
 from qwen3_trn.records import TRACEBACK_ENV  # noqa: E402
 
 register_schema()

@@ -16,7 +16,7 @@ from qwen3_trn import fit
 from qwen3_trn.backends import build_backend
 from qwen3_trn.checkpointing import ResumePoint
 from qwen3_trn.config.ranges import check_ranges
-from qwen3_trn.config.schema import LocalLauncherConfig, Mode, RunConfig
+from qwen3_trn.config.schema import Mode, RunConfig
 from qwen3_trn.convert import architecture, resume_checkpoint, to_trainer_config
 from qwen3_trn.devices import DEVICES, DeviceSpec, planned_device, probe_device, resolve_device
 from qwen3_trn.errors import ConfigError, Problems
@@ -61,7 +61,7 @@ def _device(cfg: RunConfig, ranks_here: bool) -> DeviceSpec:
 
 
 def _devices_per_job(cfg: RunConfig) -> int:
-    return cfg.launcher.devices_per_job if isinstance(cfg.launcher, LocalLauncherConfig) else 0
+    return getattr(cfg.launcher, "devices_per_job", 0)
 
 
 def _nproc_per_node(cfg: RunConfig, device: DeviceSpec, ranks_here: bool) -> int:

@@ -19,8 +19,8 @@ from qwen3_trn.config.schema import Mode, RunConfig
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.fit.device_memory import margin_bytes
 from qwen3_trn.fit.tracked import isolated, rank0_parameters, tracked_estimate, untrackable
+from qwen3_trn.groups import load_run_config
 from qwen3_trn.preflight import resolve
-from qwen3_trn.records import load_run_config
 from qwen3_trn.worker import WorkerJob, run_worker
 
 

@@ -37,7 +37,7 @@ from hydra.types import RunMode
 
 from qwen3_trn.config.overrides import override_key
 from qwen3_trn.errors import ConfigError, NotApplicable, describe_error
-from qwen3_trn.launch import LAUNCHERS
+from qwen3_trn.launch import launcher_named
 from qwen3_trn.records import (
     ERROR_LOG,
     IN_FLIGHT_STATUSES,
@@ -406,7 +406,7 @@ def refresh_runs(run_dirs: list[Path], wait: bool = False) -> list[dict[str, Any
         by_launcher.setdefault(name, []).append(Path(run_dir))
     summaries = []
     for name, dirs in by_launcher.items():
-        for refreshed in LAUNCHERS[name].refresh(dirs, wait=wait):
+        for refreshed in launcher_named(name).refresh(dirs, wait=wait):
             summary = _pruned_run(Path(refreshed["run_dir"]), refreshed)
             _sync_job_record(Path(summary["run_dir"]), summary)
             summaries.append(summary)

@@ -52,11 +52,8 @@ def new_run_id() -> str:
 
 
 def kernel_of(run_info: dict[str, Any], backend: str) -> str:
-    """The kernel implementation a run used, as its backend reports it."""
-    for key in ("kernel", "kernels", "hf_experts_implementation"):
-        if run_info.get(key):
-            return str(run_info[key])
-    return f"{backend} default"
+    """The kernel implementation a run used, as its backend reports it (``run_info["kernel"]``)."""
+    return str(run_info.get("kernel") or f"{backend} default")
 
 
 def plan_tracking(cfg, run_dir: Path, overrides: list[str], sweep: dict[str, Any] | None, run_info: dict[str, Any]) -> dict[str, Any]:

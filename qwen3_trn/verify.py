@@ -37,9 +37,10 @@ from typing import Any
 
 import torch
 
-from qwen3_trn.config.schema import CompileBackend, DeviceType, LocalLauncherConfig, Mode, ParamDType
+from qwen3_trn.config.schema import CompileBackend, DeviceType, Mode, ParamDType
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.hf.export import latest_hf_export
+from qwen3_trn.launch.local import LocalLauncher
 from qwen3_trn.local_tensors import local_tensor
 from qwen3_trn.preflight import prepare
 from qwen3_trn.records import CONFIG_FILE, load_run_config
@@ -243,7 +244,7 @@ def _titan_config(run_dir: Path, step: int, scratch: Path):
     cfg.output_dir = str(scratch)
     cfg.mode = Mode.train
     cfg.device.type = DeviceType.cpu
-    cfg.launcher = LocalLauncherConfig()
+    cfg.launcher = LocalLauncher.Config()
     cfg.checkpoint.resume_from = str(checkpoint)
     cfg.checkpoint.enable = False
     cfg.checkpoint.hf_export = False

@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from xdist.scheduler import LoadFileScheduling
 
-from qwen3_trn.config import register_schema
+from qwen3_trn.groups import register_schema
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from qwen3_trn.backends import BACKENDS, backend_named, build_backend
+from qwen3_trn.backends import backend_named, build_backend
 from qwen3_trn.backends.hf_v5 import HfV5Backend
 from qwen3_trn.backends.native import NativeBackend
 from qwen3_trn.backends.nki_moe import NkiMoeBackend
@@ -32,7 +32,13 @@ def test_the_composed_option_builds_its_backend(overrides, cls, values, tmp_path
 
 
 def test_the_registry_is_keyed_by_each_option_name():
-    assert {name: cls.Config().name for name, cls in BACKENDS.items()} == {name: name for name in BACKENDS}
+    options = BackendConfig.options
+    assert {name: config().name for name, config in options.items()} == {name: name for name in options}
+    assert {name: config._owner for name, config in options.items()} == {
+        "native": NativeBackend,
+        "hf_v5": HfV5Backend,
+        "nki_moe": NkiMoeBackend,
+    }
     assert type(backend_named("nki_moe")) is NkiMoeBackend and backend_named("nki_moe").config.kernels == "auto"
     with pytest.raises(ConfigError) as info:
         backend_named("bogus")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from qwen3_trn.config.ranges import RANGES, Range
-from qwen3_trn.config.schema import OPTION_SCHEMAS, RunConfig
+from qwen3_trn.config.ranges import Range, all_ranges
+from qwen3_trn.config.schema import RunConfig, option_groups
 from qwen3_trn.data.embedded import tokenizer_dir
 from qwen3_trn.redact import looks_secret
 from tests.conftest import run_in_process
@@ -52,10 +52,9 @@ def schema_leaves():
 
     for f in dataclasses.fields(RunConfig):
         hint = typing.get_type_hints(RunConfig)[f.name]
-        if f.name in OPTION_SCHEMAS:
-            name_key, options = OPTION_SCHEMAS[f.name]
+        if f.name in option_groups():
             seen = set()
-            for option, cls in options.items():
+            for option, cls in option_groups()[f.name].registered().items():
                 chosen = f"{f.name}={option}"
                 for key, leaf_hint, select in walk(cls, f"{f.name}.", [chosen, *OPTION_NEEDS.get(chosen, [])]):
                     if key not in seen:
@@ -110,7 +109,7 @@ def generated_cases():
         if hint in (int, float):
             for special in SPECIAL_NUMBERS:
                 yield pytest.param([*select, f"{key}={special}"], key, id=f"special-{key}={special}")
-    for key, rule in RANGES.items():
+    for key, rule in all_ranges().items():
         for value in out_of_range(rule):
             yield pytest.param([*_select(key), f"{key}={value}"], key, id=f"range-{key}={value}")
 
@@ -132,8 +131,8 @@ def test_the_suite_covers_the_schema():
     assert kinds == {"type", "option", "range", "special"}
     # every numeric key of the schema has a declared range
     numeric = {key for key, hint, _ in schema_leaves() if hint in (int, float)}
-    unranged = numeric - set(RANGES)
-    assert not unranged, f"numeric keys without a range in qwen3_trn/config/ranges.py: {sorted(unranged)}"
+    unranged = numeric - set(all_ranges())
+    assert not unranged, f"numeric keys without a range (qwen3_trn/config/ranges.py, or the option Config's ranges): {sorted(unranged)}"
     # no key of the schema would itself be redacted as a secret
     assert not [key for key, _, _ in schema_leaves() if looks_secret(key.rsplit(".", 1)[-1])]
 

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
+import typing
+from enum import Enum
 
 import pytest
+from omegaconf import OmegaConf
 from torchtitan.trainer import Trainer
 
 from qwen3_trn.app import to_run_config
+from qwen3_trn.config import typed
+from qwen3_trn.config.schema import RunConfig
+from qwen3_trn.data.sources.hub import HubSource
+from qwen3_trn.groups import load_run_config
 from qwen3_trn.preflight import prepare
+from qwen3_trn.records import CONFIG_FILE
 from tests.conftest import CONF, compose_config
 
 # Options that need a value only the user can give.
@@ -57,3 +65,54 @@ def test_option_composes_and_converts(group, option, tmp_path):
     assert trainer_config.training.steps == prepared.cfg.training.steps
     if group == "model":
         assert trainer_config.model_spec.flavor == prepared.cfg.model.flavor
+
+
+def _enum_keys() -> list[tuple[str, str]]:
+    """(group, key) of every group whose options are the values of an Enum key: each option that
+    sets the key is named after its value (compile=inductor sets compile.backend: inductor)."""
+    hints = typing.get_type_hints(RunConfig)
+    named, misnamed = set(), set()
+    for group, option in OPTIONS:
+        schema = hints.get(group)
+        if not isinstance(schema, type):
+            continue
+        keys = typing.get_type_hints(schema)
+        chosen = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml")) or {}
+        for key, value in chosen.items():
+            if isinstance(keys.get(key), type) and issubclass(keys[key], Enum):
+                (named if str(value).casefold() == option.casefold() else misnamed).add((group, key))
+    return sorted(named - misnamed)
+
+
+ENUM_KEYS = _enum_keys()
+
+
+def test_the_groups_choosing_an_enum_value_are_found():
+    assert {("compile", "backend"), ("optimizer", "name"), ("device", "type")} <= set(ENUM_KEYS)
+
+
+@pytest.mark.parametrize("group,key", ENUM_KEYS, ids=[f"{g}.{k}" for g, k in ENUM_KEYS])
+def test_every_enum_value_of_a_group_has_an_option(group, key, tmp_path):
+    choices = typing.get_type_hints(typing.get_type_hints(RunConfig)[group])[key]
+    composed = {}
+    for option in (o for g, o in OPTIONS if g == group):
+        cfg = to_run_config(compose_config([f"{group}={option}", *EXTRA.get((group, option), [])], tmp_path / option))
+        composed[getattr(getattr(cfg, group), key)] = option
+    missing = [str(value) for value in choices if value not in composed]
+    assert not missing, f"{group}.{key} values without a conf/{group}/<option>.yaml: {missing}"
+
+
+def test_a_config_saved_with_data_source_loads_as_data_name(tmp_path, capsys, monkeypatch):
+    """A run directory's config.yaml of an earlier version chose its data with data.source (and a
+    hub dataset's subset with data.name): it is read in today's shape, with one line on stderr."""
+    monkeypatch.setattr(typed, "_migration_noted", False)
+    saved = OmegaConf.to_container(compose_config(["data=hub", "data.path=roneneldan/TinyStories"], tmp_path), resolve=True)
+    data = saved["data"]
+    data["source"], data["name"] = data.pop("name"), "wikitext-2-raw-v1"
+    del data["subset"]
+    (tmp_path / CONFIG_FILE).write_text(OmegaConf.to_yaml(saved))
+    for _ in range(2):
+        cfg = load_run_config(tmp_path)
+        assert type(cfg.data) is HubSource.Config and cfg.data.name == "hub" and cfg.data.subset == "wikitext-2-raw-v1"
+    notes = capsys.readouterr().err.strip().splitlines()
+    assert len(notes) == 1 and "data.source" in notes[0] and "data.name=hub" in notes[0], notes

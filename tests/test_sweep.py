@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen3_trn.backends import BACKENDS
+from qwen3_trn.config.schema import BackendConfig
 from tests.conftest import (
     chromium,
     command_in_process,
@@ -255,8 +255,8 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    not {"native", "hf_v5", "nki_moe"} <= set(BACKENDS),
-    reason=f"the three-mode sweep needs backends native, hf_v5 and nki_moe; registered: {', '.join(BACKENDS)}",
+    not {"native", "hf_v5", "nki_moe"} <= set(BackendConfig.options),
+    reason=f"the three-mode sweep needs backends native, hf_v5 and nki_moe; registered: {', '.join(BackendConfig.options)}",
 )
 def test_three_modes_side_by_side(tmp_path):
     sweep_dir = tmp_path / "modes"

@@ -14,9 +14,12 @@ import pytest
 from torchtitan.hf_datasets.text_datasets import DATASETS
 
 from qwen3_trn.app import to_run_config
-from qwen3_trn.config.schema import C4DataConfig, EmbeddedDataConfig, FilesDataConfig, HubDataConfig
 from qwen3_trn.data.embedded import validation_corpus_path
 from qwen3_trn.data.sources import held_out_indices, resolve_dataset, resolve_validation_dataset
+from qwen3_trn.data.sources.c4 import C4Source
+from qwen3_trn.data.sources.embedded import EmbeddedSource
+from qwen3_trn.data.sources.files import FilesSource
+from qwen3_trn.data.sources.hub import HubSource
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.metrics import JsonlLogger
 from qwen3_trn.preflight import prepare
@@ -46,7 +49,7 @@ def documents(tmp_path) -> Path:
 
 
 def test_files_hold_out_a_fraction_that_training_never_sees(documents):
-    data = FilesDataConfig(path=str(documents), text_column="body", val_fraction=0.2)
+    data = FilesSource.Config(path=str(documents), text_column="body", val_fraction=0.2)
     train, held_out = _texts(resolve_dataset(data)), _texts(resolve_validation_dataset(data))
     assert held_out == ["document number 2", "document number 7"]  # evenly spaced, in order
     assert len(train) == 8 and not set(train) & set(held_out)
@@ -59,20 +62,20 @@ def test_files_hold_out_a_fraction_that_training_never_sees(documents):
 def test_files_with_their_own_validation_files(documents, tmp_path):
     held_out = tmp_path / "val.txt"
     held_out.write_text("a held-out line\nanother one\n")
-    data = FilesDataConfig(path=str(documents), text_column="body", val_path=str(held_out))
+    data = FilesSource.Config(path=str(documents), text_column="body", val_path=str(held_out))
     assert len(_texts(resolve_dataset(data))) == 10  # nothing held out of the training files
     assert _texts(resolve_validation_dataset(data)) == ["a held-out line", "another one"]
 
 
 def test_embedded_and_c4_bring_their_validation_split():
-    embedded = resolve_validation_dataset(EmbeddedDataConfig())
+    embedded = resolve_validation_dataset(EmbeddedSource.Config())
     assert embedded.path == str(validation_corpus_path())
-    assert len(_texts(embedded)) >= 10 and not set(_texts(embedded)) & set(_texts(resolve_dataset(EmbeddedDataConfig())))
-    assert resolve_validation_dataset(C4DataConfig()).name == "c4_validation"
+    assert len(_texts(embedded)) >= 10 and not set(_texts(embedded)) & set(_texts(resolve_dataset(EmbeddedSource.Config())))
+    assert resolve_validation_dataset(C4Source.Config()).name == "c4_validation"
 
 
 def test_hub_validation_split_is_its_own_split():
-    data = HubDataConfig(path="roneneldan/TinyStories", val_split="validation")
+    data = HubSource.Config(path="roneneldan/TinyStories", val_split="validation")
     held_out, train = resolve_validation_dataset(data), resolve_dataset(data)
     assert DATASETS[held_out.name].loader.args[:2] == (None, "validation")
     assert DATASETS[train.name].loader.args[:2] == (None, "train")  # the whole training split
@@ -81,8 +84,8 @@ def test_hub_validation_split_is_its_own_split():
 @pytest.mark.parametrize(
     "data,key,fix",
     [
-        (FilesDataConfig(path="{docs}", val_fraction=0.0), "data.val_fraction", "data.val_path"),
-        (FilesDataConfig(path="{docs}", val_path="/no/such/file.jsonl"), "data.val_path", "does not exist"),
+        (FilesSource.Config(path="{docs}", val_fraction=0.0), "data.val_fraction", "data.val_path"),
+        (FilesSource.Config(path="{docs}", val_path="/no/such/file.jsonl"), "data.val_path", "does not exist"),
     ],
 )
 def test_validation_data_errors(data, key, fix, documents):
@@ -193,7 +196,7 @@ from torchtitan.components.validate import Validator
 from torchtitan.hf_datasets import DatasetConfig
 from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataLoader
 from qwen3_trn.app import to_run_config
-from qwen3_trn.config import register_schema
+from qwen3_trn.groups import register_schema
 from qwen3_trn.convert import compute_dtype, to_trainer_config
 from qwen3_trn.data.embedded import validation_corpus_path
 from qwen3_trn.devices import resolve_device

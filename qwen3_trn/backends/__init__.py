@@ -1,29 +1,32 @@
 """Training modes selectable with ``backend=<name>``: how a composed config becomes the model
-torchtitan trains (``native``, ``hf_v5``, ``nki_moe``), each a ``Backend`` class in ``BACKENDS``,
-built from its option's config (``cfg.backend.build()``)."""
+torchtitan trains. Each is a ``Backend`` class with a nested ``Config`` in a module of this
+package (``native``, ``hf_v5``, ``nki_moe``); importing the package imports every module, so
+each option registers itself in ``BackendConfig.options``, and ``cfg.backend.build()`` makes it.
+A new mode is one module here plus its ``conf/backend/<name>.yaml``."""
 
 from qwen3_trn.backends.base import Backend
-from qwen3_trn.backends.hf_v5 import HfV5Backend
-from qwen3_trn.backends.native import NativeBackend
-from qwen3_trn.backends.nki_moe import NkiMoeBackend
+from qwen3_trn.config.options import import_submodules
 from qwen3_trn.config.schema import BackendConfig
 from qwen3_trn.errors import ConfigError
 
-BACKENDS: dict[str, type[Backend]] = {cls.option_name(): cls for cls in (NativeBackend, HfV5Backend, NkiMoeBackend)}
+import_submodules(__name__, __path__)
+
+
+def _known(name: str) -> type[BackendConfig]:
+    if name not in BackendConfig.options:
+        raise ConfigError("backend.name", f"unknown backend '{name}'; use one of {', '.join(BackendConfig.options)}.")
+    return BackendConfig.options[name]
 
 
 def build_backend(config: BackendConfig) -> Backend:
     """The backend of the run's ``backend`` option (its ``Config.build()``)."""
-    if config.name not in BACKENDS:
-        raise ConfigError("backend.name", f"unknown backend '{config.name}'; use one of {', '.join(BACKENDS)}.")
+    _known(config.name)
     return config.build()
 
 
 def backend_named(name: str) -> Backend:
     """The backend ``backend=<name>`` selects, with that option's defaults."""
-    if name not in BACKENDS:
-        raise ConfigError("backend.name", f"unknown backend '{name}'; use one of {', '.join(BACKENDS)}.")
-    return BACKENDS[name].Config().build()
+    return _known(name)().build()
 
 
-__all__ = ["Backend", "BACKENDS", "backend_named", "build_backend"]
+__all__ = ["Backend", "backend_named", "build_backend"]

@@ -1,15 +1,17 @@
 """A training mode: how a composed config becomes the model torchtitan trains.
 
-Backends follow torchtitan's configurable pattern: a class with a nested ``Config`` (its option
-of the ``backend`` group, whose schema lives with the others in ``qwen3_trn.config.schema`` so
-Hydra can compose it) and ``Config.build()`` returning the backend. A subclass overrides only the
-hooks its mode needs.
+Backends follow torchtitan's configurable pattern: a class with a nested ``Config`` (a
+``BackendConfig`` subclass: its option of the ``backend`` group, registered in
+``BackendConfig.options`` when it is defined) and ``Config.build()`` returning the backend. A
+subclass overrides only the hooks its mode needs; a run's kernel is reported under ``kernel``
+(``KERNEL_KEY``) of ``run_info`` and ``what_ran``.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar, Protocol
 
+from qwen3_trn.config.options import Configurable
 from qwen3_trn.config.schema import BackendConfig, RunConfig
 from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.models.architecture import Qwen3Architecture
@@ -30,22 +32,14 @@ class ShardingDegrees(Protocol):
     ep: int
 
 
-class Backend:
+# The run_info / what_ran key of the kernel implementation a run's experts use.
+KERNEL_KEY = "kernel"
+
+
+class Backend(Configurable):
     Config: ClassVar[type[BackendConfig]] = BackendConfig
     description: ClassVar[str] = ""
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "Config" in cls.__dict__:
-            cls.Config._owner = cls
-
-    def __init__(self, config: BackendConfig) -> None:
-        self.config = config
-
-    @classmethod
-    def option_name(cls) -> str:
-        """The ``backend=<name>`` that selects this mode."""
-        return cls.Config().name
+    config: BackendConfig
 
     def architecture(self, cfg: RunConfig) -> Qwen3Architecture:
         """The architecture the config describes."""
@@ -74,7 +68,8 @@ class Backend:
         """Checks of the shapes one rank holds, once the parallel layout is final; raise ConfigError."""
 
     def run_info(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> dict[str, Any]:
-        """Facts recorded in the run's summary and logged config (predicted in the parent)."""
+        """Facts recorded in the run's summary and logged config (predicted in the parent); the
+        kernel the experts run, where the mode chooses one, under ``KERNEL_KEY``."""
         return {}
 
     def prepare_process(self, cfg: RunConfig, device: DeviceSpec) -> None:

@@ -11,11 +11,12 @@ config comes from ``qwen3_trn.models.hf_config``: built from the ``model`` group
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, get_args
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, get_args
 
 from qwen3_trn.backends.aligned_experts import align_token_groups, moe_token_groups, token_group_alignment
-from qwen3_trn.backends.base import Backend, flavor_architecture
-from qwen3_trn.config.schema import HfV5BackendConfig, RunConfig
+from qwen3_trn.backends.base import KERNEL_KEY, Backend, flavor_architecture
+from qwen3_trn.config.schema import BackendConfig, RunConfig
 from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.hf.checkpoint import check_hf_checkpoint
@@ -183,9 +184,16 @@ def titan_hf_model_config(arch: Qwen3Architecture, experts_implementation: str |
 
 
 class HfV5Backend(Backend):
-    Config = HfV5BackendConfig
+    @dataclass
+    class Config(BackendConfig):
+        """Qwen3 built by Transformers v5 in torchtitan's transformers modeling backend."""
+
+        name: str = "hf_v5"
+        # Hugging Face experts implementation of an MoE (None keeps torchtitan's default).
+        hf_experts_implementation: Optional[str] = None
+
     description = "Qwen3 built by Hugging Face Transformers v5 in torchtitan's transformers_modeling_backend"
-    config: HfV5BackendConfig
+    config: Config
 
     def architecture(self, cfg: RunConfig) -> Qwen3Architecture:
         return architecture(cfg)
@@ -260,7 +268,11 @@ class HfV5Backend(Backend):
             "hf_architecture": hf_architecture_name(arch),
             "hf_config_dir": hf_config_dir(cfg, arch),
             "hf_attention": SDPA_ATTENTION if runs_sdpa(device) else TITAN_ATTENTION,
-            **({"hf_experts_implementation": self.config.hf_experts_implementation or "grouped_mm"} if arch.is_moe else {}),
+            **(
+                {key: self.config.hf_experts_implementation or "grouped_mm" for key in ("hf_experts_implementation", KERNEL_KEY)}
+                if arch.is_moe
+                else {}
+            ),
             **(moe_token_groups(arch, device)),
         }
 

@@ -8,10 +8,11 @@ portable kernel elsewhere.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from qwen3_trn.backends.base import Backend, ShardingDegrees
-from qwen3_trn.config.schema import NkiMoeBackendConfig, RunConfig
+from qwen3_trn.config.schema import BackendConfig, RunConfig
 from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.errors import ConfigError, NotApplicable
 from qwen3_trn.kernels import (
@@ -40,9 +41,17 @@ NEURON_TOKEN_GROUP_ALIGNMENT = 128
 
 
 class NkiMoeBackend(Backend):
-    Config = NkiMoeBackendConfig
+    @dataclass
+    class Config(BackendConfig):
+        """Qwen3 MoE whose experts run project-registered kernels."""
+
+        name: str = "nki_moe"
+        # auto (on Neuron torchtitan-neuron's own NKI MoE model where it is installed, else NKI where present,
+        # else the device's portable kernel) | torchtitan_neuron | nki | portable | <kernel name>
+        kernels: str = "auto"
+
     description = "Qwen3 MoE with kernel-backed experts (NKI on Trainium, portable kernels elsewhere)"
-    config: NkiMoeBackendConfig
+    config: Config
 
     def uses_recipe(self, device: DeviceSpec) -> bool:
         """Whether the model comes from torchtitan-neuron's recipe rather than the project's kernels."""

@@ -53,9 +53,11 @@ def _field(cls: Any, name: str) -> dataclasses.Field | None:
 
 
 def _option_name(cls: type) -> str | None:
-    """The option of its group a schema class is (the default of its ``name``), if it is one."""
+    """The option of its group a schema class is (the default of its ``name``), if it is one
+    (registered in its group's ``options``: not the group's base or a shared intermediate)."""
     field = _field(cls, "name")
-    return field.default if field is not None and isinstance(field.default, str) else None
+    name = field.default if field is not None and isinstance(field.default, str) else None
+    return name if getattr(cls, "options", {}).get(name) is cls else None
 
 
 def _sibling_schemas(exc: OmegaConfBaseException) -> list[type]:

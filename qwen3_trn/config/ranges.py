@@ -1,7 +1,8 @@
 """The valid range of every numeric key, declared once next to the schema.
 
 ``RANGES`` maps a dotted key to its ``Range``; a bound is a number or another key (``le=
-"training.steps"``). ``check_ranges`` runs whenever a config is typed (``typed.py``) and again
+"training.steps"``). The keys of one option of a group (``launcher.devices_per_job``) have their
+ranges on that option's Config (``ranges``, by key within the group), beside its class. ``check_ranges`` runs whenever a config is typed (``typed.py``) and again
 among preflight's checks, so a value out of range is a ``ConfigError`` naming the key, the
 bound and the default before anything is prepared; every such key is reported at once. Every
 float key of the schema must also be finite (no ``inf``/``nan``). Keys of an option the run
@@ -17,7 +18,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
-from qwen3_trn.config.schema import RunConfig
+from qwen3_trn.config.schema import default_run_config, option_groups
 from qwen3_trn.errors import ConfigError, grouped
 
 Bound = float | str | None
@@ -70,7 +71,6 @@ RANGES: dict[str, Range] = {
     "parallelism.ep": POSITIVE,
     "parallelism.pp_microbatch_size": POSITIVE,
     "data.num_workers": NON_NEGATIVE,
-    "data.val_fraction": Range(ge=0, lt=1, note="the held-out share of the documents; 0 with data.val_path or validation=off"),
     "validation.interval": Range(ge=1, note="validate every n steps; or validation=off"),
     "validation.steps": Range(ge=1, allow=(-1,), note="-1: the whole held-out split"),
     "validation.local_batch_size": POSITIVE,
@@ -99,12 +99,6 @@ RANGES: dict[str, Range] = {
     "launcher.nnodes": POSITIVE,
     "launcher.nproc_per_node": _degree("one rank per device"),
     "launcher.max_restarts": NON_NEGATIVE,
-    "launcher.devices_per_job": Range(ge=0, note="0: no device packing"),
-    "launcher.cpus_per_task": POSITIVE,
-    "launcher.gpus_per_node": POSITIVE,
-    "launcher.mem_gb": Range(gt=0),
-    "launcher.signal_delay_s": NON_NEGATIVE,
-    "launcher.max_requeues": NON_NEGATIVE,
     "sweep.trial.number": NON_NEGATIVE,
 }
 
@@ -121,8 +115,30 @@ def lookup(cfg: Any, key: str) -> Any:
     return node
 
 
+def option_ranges(option: type) -> dict[str, Range]:
+    """The ranges an option's Config declares, by dotted key."""
+    return {f"{option.group}.{key}": rule for key, rule in option.ranges.items()}
+
+
+def rules_of(cfg: Any) -> dict[str, Range]:
+    """The ranges that apply to a typed config: ``RANGES`` and those of its chosen options."""
+    rules = dict(RANGES)
+    for group in option_groups():
+        rules.update(option_ranges(type(getattr(cfg, group))))
+    return rules
+
+
+def all_ranges() -> dict[str, Range]:
+    """``RANGES`` and the ranges of every registered option."""
+    rules = dict(RANGES)
+    for base in option_groups().values():
+        for option in base.registered().values():
+            rules.update(option_ranges(option))
+    return rules
+
+
 def _default(key: str) -> Any:
-    return lookup(RunConfig(output_dir=""), key)
+    return lookup(default_run_config(), key)
 
 
 def violation(key: str, rule: Range, value: Any, cfg: Any) -> str | None:
@@ -163,15 +179,16 @@ def _float_leaves(node: Any, prefix: str = "") -> list[tuple[str, float]]:
 
 
 def range_problems(cfg: Any) -> list[ConfigError]:
-    """A ``ConfigError`` for every float key that is not finite and every key of ``RANGES``
+    """A ``ConfigError`` for every float key that is not finite and every ranged key (``rules_of``)
     whose value is out of range."""
+    rules = rules_of(cfg)
     problems = [
-        ConfigError(key, f"must be a finite number, got {value}; {_hint(key)}.")
+        ConfigError(key, f"must be a finite number, got {value}; {_hint(key, rules)}.")
         for key, value in _float_leaves(cfg)
         if not math.isfinite(value)
     ]
     not_finite = {error.key for error in problems}
-    for key, rule in RANGES.items():
+    for key, rule in rules.items():
         value = lookup(cfg, key)
         if value is _MISSING or value is None or isinstance(value, bool) or key in not_finite:
             continue
@@ -186,8 +203,8 @@ def _default_hint(key: str) -> str:
     return f" (the default is {default})" if default not in (_MISSING, None) else ""
 
 
-def _hint(key: str) -> str:
-    rule = RANGES.get(key)
+def _hint(key: str, rules: dict[str, Range]) -> str:
+    rule = rules.get(key)
     valid = f"valid: {describe(rule)}" if rule else "give a finite number"
     return valid + _default_hint(key)
 

@@ -1,18 +1,22 @@
 """Typed schema of every config group.
 
 Each group is a dataclass registered in Hydra's ConfigStore (see ``store.py``); a group whose
-options have different keys (``backend``, ``launcher``) has one dataclass per option, so a key
-that does not belong to the chosen option is refused at composition. Choices are Enums. The
+options have different keys (``backend``, ``launcher``, ``data``) has its base here and one
+``Config`` per option beside the class it configures (``options.py``), so a key that does not
+belong to the chosen option is refused at composition. Choices are Enums. The
 YAML files under ``conf/`` only choose values inside these shapes and never restate a default.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import typing
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, ClassVar, Optional
 
 from omegaconf import MISSING
+
+from qwen3_trn.config.options import OptionConfig
 
 
 class Choice(str, Enum):
@@ -111,45 +115,13 @@ class RendezvousBackend(Choice):
 
 
 @dataclass
-class BackendConfig:
-    """Which training mode builds the model, in torchtitan's configurable style: each option's
-    schema below is the nested ``Config`` of a ``qwen3_trn.backends`` class, and ``build()``
-    makes that backend (the class sets ``_owner`` when it is defined, as torchtitan's
-    ``Configurable`` does; importing ``qwen3_trn.backends`` defines them all)."""
+class BackendConfig(OptionConfig):
+    """Which training mode builds the model: ``backend=<name>`` picks one of the nested
+    ``Config`` classes of ``qwen3_trn.backends`` (``BackendConfig.options``), and its ``build()``
+    makes that backend."""
 
+    group: ClassVar[str] = "backend"
     name: str = "native"
-    _owner: ClassVar[Optional[type]] = None
-
-    def build(self) -> Any:
-        if self._owner is None:
-            raise RuntimeError(f"no backend builds {type(self).__name__}; import qwen3_trn.backends first.")
-        return self._owner(config=self)
-
-
-@dataclass
-class NativeBackendConfig(BackendConfig):
-    """torchtitan's own Qwen3."""
-
-    name: str = "native"
-
-
-@dataclass
-class HfV5BackendConfig(BackendConfig):
-    """Qwen3 built by Transformers v5 in torchtitan's transformers modeling backend."""
-
-    name: str = "hf_v5"
-    # Hugging Face experts implementation of an MoE (None keeps torchtitan's default).
-    hf_experts_implementation: Optional[str] = None
-
-
-@dataclass
-class NkiMoeBackendConfig(BackendConfig):
-    """Qwen3 MoE whose experts run project-registered kernels."""
-
-    name: str = "nki_moe"
-    # auto (on Neuron torchtitan-neuron's own NKI MoE model where it is installed, else NKI where present,
-    # else the device's portable kernel) | torchtitan_neuron | nki | portable | <kernel name>
-    kernels: str = "auto"
 
 
 @dataclass
@@ -209,58 +181,14 @@ class CompileConfig:
 
 
 @dataclass
-class DataConfig:
-    """Where training text comes from: ``data=<source>`` picks one of the schemas below (a key of
-    ``qwen3_trn.data.sources.DATA_SOURCES``), each holding only the keys that source reads."""
+class DataConfig(OptionConfig):
+    """Where training text comes from: ``data=<name>`` picks one of the nested ``Config`` classes
+    of ``qwen3_trn.data.sources`` (``DataConfig.options``), each holding only the keys that
+    source reads."""
 
-    source: str = "embedded"
+    group: ClassVar[str] = "data"
+    name: str = "embedded"
     num_workers: int = 0
-
-
-@dataclass
-class EmbeddedDataConfig(DataConfig):
-    """Text shipped with the project, with its own held-out split: trains offline."""
-
-    source: str = "embedded"
-
-
-@dataclass
-class C4DataConfig(DataConfig):
-    """torchtitan's C4 (allenai/c4, English, streamed); validation uses its validation split."""
-
-    source: str = "c4"
-    # A local copy of allenai/c4 (None: the hub).
-    path: Optional[str] = None
-    split: str = "train"
-
-
-@dataclass
-class FilesDataConfig(DataConfig):
-    """Local text files. Held-out text for validation: ``val_path`` (files like ``path``), else
-    ``val_fraction`` of the documents, which training then never sees (0: none held out)."""
-
-    source: str = "files"
-    # a file, directory or glob of .jsonl/.json/.parquet/.txt
-    path: str = MISSING
-    text_column: str = "text"
-    val_path: Optional[str] = None
-    val_fraction: float = 0.01
-
-
-@dataclass
-class HubDataConfig(DataConfig):
-    """A Hugging Face dataset by id. Held-out text: ``val_path`` (local files), else
-    ``val_split`` (a split of the same dataset), else ``val_fraction`` of the documents."""
-
-    source: str = "hub"
-    path: str = MISSING
-    name: Optional[str] = None
-    split: str = "train"
-    text_column: str = "text"
-    streaming: bool = True
-    val_path: Optional[str] = None
-    val_split: Optional[str] = None
-    val_fraction: float = 0.01
 
 
 @dataclass
@@ -373,10 +301,12 @@ class LoggerConfig:
 
 
 @dataclass
-class LauncherConfig:
-    """How ranks are started (a key of ``qwen3_trn.launch.LAUNCHERS``); every launcher starts a
-    node's ranks with PyTorch's elastic launcher (torchrun's engine)."""
+class LauncherConfig(OptionConfig):
+    """How ranks are started: ``launcher=<name>`` picks one of the nested ``Config`` classes of
+    ``qwen3_trn.launch`` (``LauncherConfig.options``); every launcher starts a node's ranks with
+    PyTorch's elastic launcher (torchrun's engine)."""
 
+    group: ClassVar[str] = "launcher"
     name: str = "local"
     nnodes: int = 1
     # -1: one rank per device present (or per packed device, launcher.devices_per_job).
@@ -389,47 +319,6 @@ class LauncherConfig:
     # Environment of every rank (e.g. NEURON_LOGICAL_NC_CONFIG); secret-looking values are
     # passed on but never written to a file.
     env: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class LocalLauncherConfig(LauncherConfig):
-    """Ranks on this machine."""
-
-    name: str = "local"
-    rdzv_backend: RendezvousBackend = RendezvousBackend.c10d
-    # Device packing for concurrent jobs on one machine: each job claims this many devices
-    # (GPUs, NeuronCores or CPU cores) exclusively and waits while too few are free. 0: off.
-    devices_per_job: int = 0
-
-
-@dataclass
-class SlurmLauncherConfig(LauncherConfig):
-    """One Slurm job per run, submitted through submitit (``qwen3_trn.launch.slurm``)."""
-
-    name: str = "slurm"
-    # Slurm partition (None: the cluster's default); checked against `sinfo` before submitting.
-    partition: Optional[str] = None
-    # Time limit in Slurm's format: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS.
-    time: str = "60"
-    cpus_per_task: Optional[int] = None
-    gpus_per_node: Optional[int] = None
-    mem_gb: Optional[float] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    constraint: Optional[str] = None
-    job_name: Optional[str] = None
-    # true: block until the job ends and report like a local run; false: print the job id and return.
-    wait: bool = False
-    # Shell lines run in the sbatch script before the job starts (module load, source venv ...).
-    setup: list[str] = field(default_factory=list)
-    # Any other sbatch option, e.g. {exclusive: true, "mail-type": END}.
-    slurm_additional_parameters: dict[str, Any] = field(default_factory=dict)
-    # Seconds before the time limit at which Slurm signals the job to requeue itself (USR2).
-    signal_delay_s: int = 120
-    # How many times a job may be requeued after hitting its time limit.
-    max_requeues: int = 3
-    # Python on the nodes (None: this interpreter, which must be reachable there).
-    python: Optional[str] = None
 
 
 @dataclass
@@ -478,17 +367,17 @@ class SweepConfig:
 class RunConfig:
     """The whole composed configuration of one job."""
 
-    backend: BackendConfig = field(default_factory=NativeBackendConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
-    data: DataConfig = field(default_factory=EmbeddedDataConfig)
+    data: DataConfig = field(default_factory=DataConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    launcher: LauncherConfig = field(default_factory=LocalLauncherConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     fit: FitConfig = field(default_factory=FitConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
@@ -503,9 +392,16 @@ class RunConfig:
     output_dir: Optional[str] = MISSING
 
 
-# Groups whose options have a schema each, by the key that names the option.
-OPTION_SCHEMAS: dict[str, tuple[str, dict[str, type]]] = {
-    "backend": ("name", {c().name: c for c in (NativeBackendConfig, HfV5BackendConfig, NkiMoeBackendConfig)}),
-    "launcher": ("name", {c().name: c for c in (LocalLauncherConfig, SlurmLauncherConfig)}),
-    "data": ("source", {c().source: c for c in (EmbeddedDataConfig, FilesDataConfig, HubDataConfig, C4DataConfig)}),
-}
+def option_groups() -> dict[str, type[OptionConfig]]:
+    """The groups of ``RunConfig`` whose options have a schema each, by group: their base configs."""
+    hints = typing.get_type_hints(RunConfig)
+    return {f.name: hints[f.name] for f in fields(RunConfig) if isinstance(hints[f.name], type) and issubclass(hints[f.name], OptionConfig)}
+
+
+def default_run_config() -> RunConfig:
+    """``RunConfig``'s defaults, each option group as its default option's Config (with that
+    option's own keys), as ``conf/config.yaml`` composes them."""
+    cfg = RunConfig(output_dir="")
+    for group, base in option_groups().items():
+        setattr(cfg, group, base.registered()[getattr(cfg, group).name]())
+    return cfg

@@ -1,19 +1,18 @@
 """Registers the typed schema in Hydra's ConfigStore.
 
 ``conf/config.yaml`` lists ``run_schema`` first in its defaults, so every group's YAML is
-merged onto the typed ``RunConfig``. A group with a schema per option (``OPTION_SCHEMAS``)
-stores each under ``schema/<group>/<option>``; the option's YAML names it in its defaults
-(``/schema/backend@_here_: native``), so its keys are checked against that option's dataclass.
+merged onto the typed ``RunConfig``. The schemas of the options of a group with a schema per
+option (``schema/<group>/<option>``) are the option classes' Configs, defined in higher layers;
+``qwen3_trn.groups.register_schema`` stores them, after importing every option, with these.
 """
 
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from qwen3_trn.config.schema import OPTION_SCHEMAS, RunConfig
+from qwen3_trn.config.schema import RunConfig, option_groups
 
 SCHEMA_NAME = "run_schema"
 SWEEPER_NAME = "qwen3_trn"
@@ -53,17 +52,14 @@ def run_schema() -> DictConfig:
     """``RunConfig`` with each per-option group typed by its base class, so that composing any
     option's schema (a subclass) onto it is allowed."""
     node = OmegaConf.structured(RunConfig)
-    hints = typing.get_type_hints(RunConfig)
-    for group in OPTION_SCHEMAS:
-        node[group] = OmegaConf.structured(hints[group])
+    for group, base in option_groups().items():
+        node[group] = OmegaConf.structured(base)
     return node
 
 
 def register_schema() -> None:
+    """``RunConfig`` and the sweepers (``qwen3_trn.groups.register_schema`` adds the options')."""
     store = ConfigStore.instance()
     store.store(name=SCHEMA_NAME, node=run_schema())
     store.store(group="hydra/sweeper", name=SWEEPER_NAME, node=CheckedSweeperConf, provider="qwen3_trn")
     store.store(group="hydra/sweeper", name=SEARCH_SWEEPER_NAME, node=SearchSweeperConf, provider="qwen3_trn")
-    for group, (_, options) in OPTION_SCHEMAS.items():
-        for option, schema in options.items():
-            store.store(group=f"schema/{group}", name=option, node=schema)

@@ -1,18 +1,25 @@
-"""How ranks are started: ``launcher.name`` picks one of ``LAUNCHERS`` (``base.Launcher``).
+"""How ranks are started: ``launcher.name`` picks a ``base.Launcher`` class, each with a nested
+``Config`` in a module of this package (``local``, ``slurm``); importing the package imports
+every module, so each option registers itself in ``LauncherConfig.options``. A new launcher is
+one module here plus its ``conf/launcher/<name>.yaml``.
 
 The launcher layer sits above preflight and the worker: a launcher starts the worker's
 ranks of a prepared run, on this machine (``local``) or on a cluster (``slurm``)."""
 
+from qwen3_trn.config.options import import_submodules
 from qwen3_trn.config.schema import LauncherConfig
 from qwen3_trn.launch.base import LaunchDescription, Launcher
-from qwen3_trn.launch.local import LocalLauncher
-from qwen3_trn.launch.slurm import SlurmLauncher
 
-LAUNCHERS: dict[str, type[Launcher]] = {launcher.name: launcher for launcher in (LocalLauncher, SlurmLauncher)}
+import_submodules(__name__, __path__)
 
 
 def build_launcher(config: LauncherConfig) -> Launcher:
-    return LAUNCHERS[config.name](config)
+    return config.build()
 
 
-__all__ = ["LAUNCHERS", "LaunchDescription", "Launcher", "build_launcher"]
+def launcher_named(name: str) -> type[Launcher]:
+    """The Launcher class ``launcher=<name>`` selects."""
+    return LauncherConfig.options[name]._owner
+
+
+__all__ = ["LaunchDescription", "Launcher", "build_launcher", "launcher_named"]

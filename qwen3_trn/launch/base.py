@@ -1,8 +1,8 @@
 """A launcher: how the ranks of a run are started, behind one interface.
 
-Each ``launcher=<option>`` has a ``Launcher`` subclass registered by its config's ``name``
-(``qwen3_trn.launch.LAUNCHERS``), as backends are. The app, the plan and the sweep talk to
-this interface only:
+Each ``launcher=<option>`` is a ``Launcher`` subclass with a nested ``Config``, registered in
+``LauncherConfig.options`` by its ``name`` when it is defined, as backends are. The app, the
+plan and the sweep talk to this interface only:
 
 - ``ranks_here``: whether the ranks run on this machine (else the device is planned for);
 - ``validate``: the launcher's own checks, before anything is written (``ConfigError``);
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from qwen3_trn.config.options import Configurable
 from qwen3_trn.config.schema import LauncherConfig, RunConfig
 from qwen3_trn.layout import Layout
 from qwen3_trn.preflight import Prepared
@@ -52,12 +53,16 @@ class LaunchDescription:
     sections: dict[str, str] = field(default_factory=dict)
 
 
-class Launcher:
+class Launcher(Configurable):
+    Config: ClassVar[type[LauncherConfig]] = LauncherConfig
+    # The ``launcher=<name>`` of this class (its Config's).
     name: ClassVar[str]
     ranks_here: ClassVar[bool] = True
+    config: LauncherConfig
 
-    def __init__(self, config: LauncherConfig) -> None:
-        self.config = config
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.name = cls.Config.name
 
     def validate(self, cfg: RunConfig, layout: Layout) -> None:
         """Checks of this launcher's keys (every mode) and, in ``mode=train``, of what it

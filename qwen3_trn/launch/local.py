@@ -13,11 +13,12 @@ import socket
 import time
 import uuid
 from contextlib import contextmanager, nullcontext
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator
+from typing import ClassVar, Iterator
 
-from qwen3_trn.config.schema import LauncherConfig, LocalLauncherConfig, Mode, RendezvousBackend, RunConfig
+from qwen3_trn.config.ranges import Range
+from qwen3_trn.config.schema import LauncherConfig, Mode, RendezvousBackend, RunConfig
 from qwen3_trn.devices import resolve_device
 from qwen3_trn.errors import ConfigError, RunInterrupted
 from qwen3_trn.launch.base import LaunchDescription, Launcher
@@ -159,8 +160,18 @@ def _elastic_launch(job: WorkerJob, env: dict[str, str], rdzv_backend: str) -> N
 
 
 class LocalLauncher(Launcher):
-    name = "local"
-    config: LocalLauncherConfig
+    @dataclass
+    class Config(LauncherConfig):
+        """Ranks on this machine."""
+
+        name: str = "local"
+        rdzv_backend: RendezvousBackend = RendezvousBackend.c10d
+        # Device packing for concurrent jobs on one machine: each job claims this many devices
+        # (GPUs, NeuronCores or CPU cores) exclusively and waits while too few are free. 0: off.
+        devices_per_job: int = 0
+        ranges: ClassVar[dict[str, Range]] = {"devices_per_job": Range(ge=0, note="0: no device packing")}
+
+    config: Config
 
     def validate(self, cfg: RunConfig, layout: Layout) -> None:
         packed = self.config.devices_per_job

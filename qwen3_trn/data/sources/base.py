@@ -1,0 +1,244 @@
+"""What every data source shares: the ``DataSource`` interface, registration with torchtitan's
+dataset table, local data files, and the held-out split of a source that has none of its own.
+
+torchtitan's ``HuggingFaceTextDataLoader`` looks datasets up by name in
+``torchtitan.hf_datasets.text_datasets.DATASETS``. A source turns its config into such an entry
+(named after the config, so registering is idempotent and every worker process can repeat it)
+plus the ``dataset_path`` to pass along (``ResolvedDataset``).
+
+A ``SplitSource`` (files, hub) takes held-out text from ``data.val_path`` (local files) or what
+it names itself (hub: ``data.val_split``), else holds out ``data.val_fraction`` of its documents,
+which the training split then leaves out. The held-out documents are chosen deterministically
+(evenly spaced in a map-style dataset, by a hash of the text in a streamed one), so every run over
+the same data holds out the same ones.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import zlib
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Optional
+
+from omegaconf import MISSING
+
+from qwen3_trn.config.options import Configurable
+from qwen3_trn.config.ranges import Range
+from qwen3_trn.config.schema import DataConfig, Mode
+from qwen3_trn.errors import ConfigError
+from qwen3_trn.titan import DATASETS, DatasetConfig
+
+# File suffix -> the `datasets` builder that reads it.
+FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+
+
+@dataclass(frozen=True)
+class ResolvedDataset:
+    name: str
+    path: str | None
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0].rstrip(".") if text else type(exc).__name__
+
+
+def _pick_text(column: str, sample: dict[str, Any]) -> str:
+    return sample[column]
+
+
+def load_files(files: list[str], builder: str, split: str):
+    from datasets import load_dataset
+
+    return load_dataset(builder, data_files=files, split=split)
+
+
+def held_out_indices(num_documents: int, fraction: float) -> list[int]:
+    """``round(fraction * num_documents)`` document indices, evenly spaced over the dataset."""
+    count = min(round(fraction * num_documents), num_documents)
+    return [int((i + 0.5) * num_documents / count) for i in range(count)] if count > 0 else []
+
+
+def _hashed_out(column: str, fraction: float, sample: dict[str, Any]) -> bool:
+    return zlib.crc32(sample[column].encode("utf-8")) % 10_000 < round(fraction * 10_000)
+
+
+def _hashed_in(column: str, fraction: float, sample: dict[str, Any]) -> bool:
+    return not _hashed_out(column, fraction, sample)
+
+
+def split_documents(dataset, fraction: float, column: str, held_out: bool):
+    """The held-out part (``held_out=True``) or the rest of ``dataset``; order is kept."""
+    if fraction <= 0:
+        return dataset.select([]) if held_out and hasattr(dataset, "select") else dataset
+    if not hasattr(dataset, "__len__"):  # streamed: decide per document, by its text
+        return dataset.filter(partial(_hashed_out if held_out else _hashed_in, column, fraction))
+    chosen = held_out_indices(len(dataset), fraction)
+    if held_out:
+        return dataset.select(chosen)
+    skip = set(chosen)
+    return dataset.select([i for i in range(len(dataset)) if i not in skip])
+
+
+def _split_loaded(loader: Callable, fraction: float, column: str, held_out: bool, path: str | None):
+    return split_documents(loader(path), fraction, column, held_out)
+
+
+def register(data: DataConfig, path: str | None, loader: Callable, column: str, role: str = "train") -> ResolvedDataset:
+    """``loader``'s documents (their ``column``) in torchtitan's dataset table, named after ``data``."""
+    digest = hashlib.sha1(json.dumps(asdict(data), sort_keys=True).encode()).hexdigest()[:10]
+    name = f"qwen3_trn_{data.name}_{digest}" + ("" if role == "train" else f"_{role}")
+    DATASETS[name] = DatasetConfig(path=path, loader=loader, sample_processor=partial(_pick_text, column))
+    return ResolvedDataset(name=name, path=path)
+
+
+def list_data_files(pattern: str) -> list[str]:
+    candidate = Path(pattern).expanduser()
+    if candidate.is_dir():
+        files = sorted(str(p) for p in candidate.rglob("*") if p.is_file() and builder_of(str(p)))
+    elif any(ch in pattern for ch in "*?["):
+        files = sorted(glob.glob(str(candidate), recursive=True))
+    else:
+        files = [str(candidate)] if candidate.is_file() else []
+    return files
+
+
+def builder_of(file: str) -> str | None:
+    """The builder for a file, looking through a compression suffix (``a.jsonl.gz``)."""
+    uncompressed = file.removesuffix(".gz").removesuffix(".zst")
+    return FILE_BUILDERS.get(Path(uncompressed).suffix)
+
+
+def local_data_files(pattern: str, key: str = "data.path") -> list[str]:
+    """The files ``pattern`` names, all of one kind the ``datasets`` library reads."""
+    files = list_data_files(pattern)
+    if not files:
+        raise ConfigError(
+            key,
+            f"'{pattern}' does not exist or matches no .jsonl/.json/.parquet/.txt file "
+            f"(looked from {Path.cwd()}); pass an existing file, directory or glob.",
+        )
+    builders = {builder_of(f) for f in files}
+    if None in builders:
+        unknown = next(f for f in files if builder_of(f) is None)
+        raise ConfigError(
+            key,
+            f"'{unknown}' is not a format data=files reads; use .jsonl, .json, .parquet or .txt files (optionally .gz or .zst compressed).",
+        )
+    if len(builders) != 1:
+        raise ConfigError(key, f"'{pattern}' mixes file types {sorted(builders)}; point it at one kind of file.")
+    return files
+
+
+@dataclass(frozen=True)
+class Documents:
+    """Where a source's documents come from: torchtitan's ``dataset_path``, a loader, the text column."""
+
+    path: str | None
+    loader: Callable
+    column: str
+
+
+def local_files(files: list[str], text_column: str) -> Documents:
+    builder = builder_of(files[0])
+    return Documents(None, lambda _path: load_files(files, builder, "train"), "text" if builder == "text" else text_column)
+
+
+class DataSource(Configurable):
+    """A source of training text and its held-out split, chosen by ``data=<name>``."""
+
+    Config: ClassVar[type[DataConfig]] = DataConfig
+    config: DataConfig
+
+    def dataset(self) -> ResolvedDataset:
+        """The training split, registered with torchtitan."""
+        raise NotImplementedError
+
+    def validation_dataset(self) -> ResolvedDataset:
+        """The held-out split, registered with torchtitan."""
+        raise NotImplementedError
+
+    def check(self, mode: Mode) -> None:
+        """Checks in the parent before any worker starts (the data opened, its first records
+        read); raise ConfigError."""
+
+    def path_is_local(self, value: str) -> bool:
+        """Whether ``data.path=value`` names a local path (made absolute before ranks start)."""
+        return Path(value).expanduser().exists()
+
+
+class SplitSource(DataSource):
+    """A source whose documents are split into training and held-out parts by
+    ``data.val_fraction`` unless held-out documents are named (module docstring)."""
+
+    @dataclass
+    class Config(DataConfig):
+        path: str = MISSING
+        text_column: str = "text"
+        # local files like ``path`` holding the held-out text
+        val_path: Optional[str] = None
+        val_fraction: float = 0.01
+        ranges: ClassVar[dict[str, Range]] = {
+            "val_fraction": Range(ge=0, lt=1, note="the held-out share of the documents; 0 with data.val_path or validation=off")
+        }
+
+    config: Config
+    # The keys, besides data.val_path, that name held-out text of this source (an error lists them).
+    held_out_keys: ClassVar[tuple[str, ...]] = ()
+
+    def documents(self) -> Documents:
+        raise NotImplementedError
+
+    def own_held_out(self) -> Documents | None:
+        """Held-out documents the source names itself (None: none)."""
+        return None
+
+    def _named_held_out(self) -> Documents | None:
+        """data.val_path's files, else what the source names itself."""
+        data = self.config
+        if data.val_path:
+            return local_files(local_data_files(data.val_path, "data.val_path"), data.text_column)
+        return self.own_held_out()
+
+    def dataset(self) -> ResolvedDataset:
+        docs = self.documents()
+        loader = docs.loader
+        if self._named_held_out() is None:  # no separate held-out text: leave val_fraction out
+            loader = partial(_split_loaded, docs.loader, self.config.val_fraction, docs.column, False)
+        return register(self.config, docs.path, loader, docs.column)
+
+    def validation_dataset(self) -> ResolvedDataset:
+        data = self.config
+        docs = self._named_held_out()
+        if docs is None:
+            if data.val_fraction <= 0:
+                named = "".join(f" or {key}" for key in self.held_out_keys)
+                raise ConfigError(
+                    "data.val_fraction",
+                    f"validation needs held-out text, but data={data.name} has no data.val_path{named} and data.val_fraction "
+                    "is 0; set one of them (e.g. data.val_fraction=0.01), or validation=off.",
+                )
+            docs = self.documents()
+            docs = Documents(docs.path, partial(_split_loaded, docs.loader, data.val_fraction, docs.column, True), docs.column)
+        return register(data, docs.path, docs.loader, docs.column, role="val")
+
+
+def data_source(data: DataConfig) -> DataSource:
+    """The source ``data.name`` chooses, built from ``data``."""
+    if data.name not in DataConfig.options:
+        raise ConfigError("data.name", f"unknown data source '{data.name}'; use one of {', '.join(DataConfig.options)}.")
+    return data.build()
+
+
+def resolve_dataset(data: DataConfig) -> ResolvedDataset:
+    return data_source(data).dataset()
+
+
+def resolve_validation_dataset(data: DataConfig) -> ResolvedDataset:
+    """The held-out split of the data source (see the module docstring)."""
+    return data_source(data).validation_dataset()

@@ -1,0 +1,35 @@
+"""``data=c4``: torchtitan's own C4 entries (``c4``, ``c4_validation``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from qwen3_trn.config.schema import DataConfig
+from qwen3_trn.data.sources.base import DataSource, ResolvedDataset
+from qwen3_trn.errors import ConfigError
+
+# data.split -> torchtitan's dataset of it
+C4_SPLITS = {"train": "c4", "validation": "c4_validation"}
+
+
+class C4Source(DataSource):
+    @dataclass
+    class Config(DataConfig):
+        """torchtitan's C4 (allenai/c4, English, streamed); validation uses its validation split."""
+
+        name: str = "c4"
+        # A local copy of allenai/c4 (None: the hub).
+        path: Optional[str] = None
+        split: str = "train"
+
+    config: Config
+
+    def dataset(self) -> ResolvedDataset:
+        name = C4_SPLITS.get(self.config.split)
+        if name is None:
+            raise ConfigError("data.split", f"c4 has splits train and validation, not '{self.config.split}'.")
+        return ResolvedDataset(name=name, path=self.config.path)
+
+    def validation_dataset(self) -> ResolvedDataset:
+        return ResolvedDataset(name=C4_SPLITS["validation"], path=None)

@@ -1,0 +1,27 @@
+"""``data=embedded``: the text shipped with the project, with its own held-out split; trains offline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qwen3_trn.config.schema import DataConfig
+from qwen3_trn.data.embedded import corpus_path, ensure_assets, validation_corpus_path
+from qwen3_trn.data.sources.base import DataSource, ResolvedDataset, load_files, register
+
+
+def _load_json(path: str):
+    return load_files([path], "json", "train")
+
+
+class EmbeddedSource(DataSource):
+    @dataclass
+    class Config(DataConfig):
+        """Text shipped with the project, with its own held-out split: trains offline."""
+
+        name: str = "embedded"
+
+    def dataset(self) -> ResolvedDataset:
+        return register(self.config, str(corpus_path(ensure_assets())), _load_json, "text")
+
+    def validation_dataset(self) -> ResolvedDataset:
+        return register(self.config, str(validation_corpus_path(ensure_assets())), _load_json, "text", role="val")

@@ -1,0 +1,71 @@
+"""``data=hub``: a Hugging Face dataset by id (network or the local HF cache), opened in the
+parent before a training run's ranks start."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from functools import partial
+from typing import Optional
+
+from datasets import load_dataset, load_dataset_builder
+
+from qwen3_trn.config.schema import Mode
+from qwen3_trn.data.sources.base import Documents, SplitSource, first_line
+from qwen3_trn.errors import ConfigError
+from qwen3_trn.quiet import logging_disabled
+
+
+def _load_hub(subset: str | None, split: str, streaming: bool, path: str):
+    return load_dataset(path, name=subset, split=split, streaming=streaming)
+
+
+class HubSource(SplitSource):
+    @dataclass
+    class Config(SplitSource.Config):
+        """A Hugging Face dataset by id (``path``). Held-out text: ``val_path`` (local files), else
+        ``val_split`` (a split of the same dataset), else ``val_fraction`` of the documents."""
+
+        name: str = "hub"
+        # The dataset's subset (its configuration name, ``load_dataset(path, name=...)``).
+        subset: Optional[str] = None
+        split: str = "train"
+        streaming: bool = True
+        val_split: Optional[str] = None
+
+    config: Config
+    held_out_keys = ("data.val_split",)
+
+    def documents(self, split: str | None = None) -> Documents:
+        data = self.config
+        if not data.path:
+            raise ConfigError(
+                "data.path", "data=hub needs data.path=<dataset id on the Hugging Face hub>, e.g. data.path=roneneldan/TinyStories."
+            )
+        return Documents(data.path, partial(_load_hub, data.subset, split or data.split, data.streaming), data.text_column)
+
+    def own_held_out(self) -> Documents | None:
+        return self.documents(split=self.config.val_split) if self.config.val_split else None
+
+    def check(self, mode: Mode) -> None:
+        if mode != Mode.train:
+            return  # planning needs no network
+        data = self.config
+        try:
+            with logging_disabled(logging.CRITICAL):
+                builder = load_dataset_builder(data.path, name=data.subset)
+        except Exception as exc:  # noqa: BLE001 - hub, network and cache errors alike
+            reason = first_line(exc)
+            offline = " (HF_DATASETS_OFFLINE is set: only the local cache was searched)" if os.environ.get("HF_DATASETS_OFFLINE") else ""
+            raise ConfigError(
+                "data.path",
+                f"cannot open the hub dataset '{data.path}'{offline}: {reason}; check the id, the network and HF_TOKEN for gated datasets.",
+            ) from None
+        features = builder.info.features
+        if features is not None and data.text_column not in features:
+            raise ConfigError(
+                "data.text_column",
+                f"'{data.text_column}' is not a column of '{data.path}': it has "
+                f"{', '.join(features)}; set data.text_column=<the column with the text>.",
+            )
