@@ -52,6 +52,13 @@ class OptionConfig:
             raise RuntimeError(f"no {cls.group} option is registered; import qwen3_trn.groups first.")
         return cls.options
 
+    @classmethod
+    def default(cls) -> OptionConfig:
+        """The group's default option (its base's ``name``) as that option's Config, with the
+        option's own keys; the base itself while no option is registered."""
+        option = cls.options.get(cls.name)
+        return option() if option is not None else cls()
+
     def build(self) -> Any:
         """The object this option configures, made from this config."""
         if self._owner is None:

@@ -18,7 +18,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
-from qwen3_trn.config.schema import default_run_config, option_groups
+from qwen3_trn.config.schema import RunConfig, option_groups
 from qwen3_trn.errors import ConfigError, grouped
 
 Bound = float | str | None
@@ -138,7 +138,7 @@ def all_ranges() -> dict[str, Range]:
 
 
 def _default(key: str) -> Any:
-    return lookup(default_run_config(), key)
+    return lookup(RunConfig(output_dir=""), key)
 
 
 def violation(key: str, rule: Range, value: Any, cfg: Any) -> str | None:

@@ -365,19 +365,20 @@ class SweepConfig:
 
 @dataclass
 class RunConfig:
-    """The whole composed configuration of one job."""
+    """The whole composed configuration of one job. ``backend``, ``data`` and ``launcher`` default
+    to their group's default option (``OptionConfig.default``), as ``conf/config.yaml`` chooses."""
 
-    backend: BackendConfig = field(default_factory=BackendConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig.default)
     model: ModelConfig = field(default_factory=ModelConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
-    data: DataConfig = field(default_factory=DataConfig)
+    data: DataConfig = field(default_factory=DataConfig.default)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig.default)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     fit: FitConfig = field(default_factory=FitConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
@@ -396,12 +397,3 @@ def option_groups() -> dict[str, type[OptionConfig]]:
     """The groups of ``RunConfig`` whose options have a schema each, by group: their base configs."""
     hints = typing.get_type_hints(RunConfig)
     return {f.name: hints[f.name] for f in fields(RunConfig) if isinstance(hints[f.name], type) and issubclass(hints[f.name], OptionConfig)}
-
-
-def default_run_config() -> RunConfig:
-    """``RunConfig``'s defaults, each option group as its default option's Config (with that
-    option's own keys), as ``conf/config.yaml`` composes them."""
-    cfg = RunConfig(output_dir="")
-    for group, base in option_groups().items():
-        setattr(cfg, group, base.registered()[getattr(cfg, group).name]())
-    return cfg
