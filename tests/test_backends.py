@@ -3,7 +3,10 @@ option's Config, whose ``build()`` makes that mode's Backend class with the comp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
+from hydra.errors import ConfigCompositionException
 
 from qwen3_trn.backends import backend_named, build_backend
 from qwen3_trn.backends.hf_v5 import HfV5Backend
@@ -12,6 +15,7 @@ from qwen3_trn.backends.nki_moe import NkiMoeBackend
 from qwen3_trn.config.schema import BackendConfig
 from qwen3_trn.config.typed import to_run_config
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.groups import register_schema
 from tests.conftest import compose_config
 
 CASES = [
@@ -48,3 +52,28 @@ def test_the_registry_is_keyed_by_each_option_name():
 def test_a_config_no_backend_class_owns_cannot_build():
     with pytest.raises(RuntimeError, match="no backend builds BackendConfig"):
         BackendConfig().build()
+
+
+def test_a_new_backend_is_its_class_and_its_yaml_option(tmp_path):
+    """A backend defined anywhere registers itself: once the schemas are stored, its YAML option
+    composes (refusing a key it lacks) and the composed config builds it; nothing lists it."""
+
+    class LoudBackend(NativeBackend):
+        @dataclass
+        class Config(BackendConfig):
+            name: str = "loud_test"
+            loudness: int = 3
+
+    try:
+        register_schema()
+        option = tmp_path / "conf" / "backend" / "loud_test.yaml"
+        option.parent.mkdir(parents=True)
+        option.write_text("defaults:\n  - /schema/backend@_here_: loud_test\n  - _self_\n")
+        searchpath = f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+        cfg = to_run_config(compose_config([searchpath, "backend=loud_test", "backend.loudness=5"], tmp_path / "run"))
+        backend = build_backend(cfg.backend)
+        assert type(backend) is LoudBackend and backend.config.loudness == 5
+        with pytest.raises(ConfigCompositionException):
+            compose_config([searchpath, "backend=loud_test", "backend.kernels=auto"], tmp_path / "run")
+    finally:
+        del BackendConfig.options["loud_test"]
