@@ -27,8 +27,8 @@ CONF = REPO / "conf"
 
 register_schema()
 
-# Small, fast settings for real training on a 2-core CPU.
-FAST = ["training.steps=6", "training.seq_len=128", "optimizer.warmup_steps=2"]
+# The smallest run (conf/debug/smoke.yaml), long enough for its loss to fall clearly.
+FAST = ["debug=smoke", "training.steps=6"]
 
 # Nothing from the Hugging Face hub: the runs use the shipped tokenizer, the exports are local.
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -36,13 +36,7 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFL
 # A few steps of a run that exports Hugging Face weights (checkpoint=hf_export): the export tests
 # (tests/test_hf_export.py, tests/test_hf_v5.py) share one such run per mode (``hf_export_run``).
 HF_EXPORT_STEPS = 4
-HF_EXPORT_TRAINING = [
-    f"training.steps={HF_EXPORT_STEPS}",
-    "training.seq_len=64",
-    "optimizer.warmup_steps=2",
-    "logger=none",
-    "validation=off",
-]
+HF_EXPORT_TRAINING = ["debug=smoke", f"training.steps={HF_EXPORT_STEPS}", "validation=off"]
 NATIVE_DENSE = ["backend=native", "model=tiny", "checkpoint.hf_interval=2"]  # also exported at step 2
 HF_V5_DENSE = ["backend=hf_v5", "model=tiny"]
 

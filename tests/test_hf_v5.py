@@ -28,8 +28,8 @@ from tests.conftest import (
 )
 from tests.hf_checkpoints import DENSE, MOE, make_random_hf_checkpoint, read_config
 
-# Tiny and quick: 2 layers, 64 tokens per row, 4 steps (fp32 on this CPU).
-TINY_RUN = ["training.steps=4", "training.seq_len=64", "optimizer.warmup_steps=2", "logger=none"]
+# The smallest run (conf/debug/smoke.yaml) at 4 steps (fp32 on this CPU).
+TINY_RUN = ["debug=smoke", "training.steps=4"]
 
 
 @pytest.fixture(autouse=True)
@@ -133,10 +133,8 @@ def test_finetune_from_hf_weights_loads_them_before_step_one(dense_run, tmp_path
             f"checkpoint.initial_load_path={export}",
             "checkpoint=hf_export",
             "optimizer.lr=0",
+            "debug=smoke",
             "training.steps=2",
-            "training.seq_len=64",
-            "optimizer.warmup_steps=1",
-            "logger=none",
         ],
         run_dir,
         env=OFFLINE,

@@ -35,8 +35,8 @@ except ImportError:
 pytestmark = pytest.mark.slow
 needs_submitit = pytest.mark.skipif(submitit is None, reason="submitit is not installed (pip install -e '.[slurm]')")
 
-# A tiny model, a few short steps, no wandb: seconds of training on the cluster's CPU.
-TINY = ["model=tiny", "logger=none", "training.seq_len=64", "optimizer.warmup_steps=1"]
+# The smallest run (conf/debug/smoke.yaml): seconds of training on the cluster's CPU, no wandb.
+TINY = ["debug=smoke"]
 SLURM = ["launcher=slurm", "launcher.partition=cpu"]
 
 
@@ -312,10 +312,8 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_env: SlurmCluster, tmp_p
     # logger=wandb (offline): the resumed job continues the same wandb run
     overrides = [
         *SLURM,
-        "model=tiny",
+        *TINY,
         "logger=wandb",
-        "training.seq_len=64",
-        "optimizer.warmup_steps=1",
         "training.steps=8",
         "checkpoint=on",
         "checkpoint.interval=2",
@@ -376,7 +374,7 @@ def test_secrets_reach_the_job_through_its_environment_not_a_file(slurm_cluster:
     run directory (config, sbatch script, Slurm logs, wandb run) holds them."""
     run_dir = tmp_path / "run"
     result = run_cli(
-        [*SLURM, "model=tiny", "logger=wandb", "training.seq_len=64", "optimizer.warmup_steps=1", "training.steps=3", *secret_args()],
+        [*SLURM, *TINY, "logger=wandb", "training.steps=3", *secret_args()],
         run_dir,
         timeout=300,
         env={**slurm_cluster.env, **SECRETS_IN_ENV},

@@ -18,8 +18,6 @@ from tests.secret_values import SECRETS_IN_ENV, SECRETS_IN_LAUNCHER_ENV, files_w
 
 pytestmark = pytest.mark.slow
 
-TINY = ["training.seq_len=32", "logger=none", "optimizer.warmup_steps=1"]
-
 
 def start_cli(args: list[str], run_dir: Path | None = None, env: dict | None = None, cwd: Path | None = None) -> subprocess.Popen:
     """``python -m qwen3_trn`` in its own session, as a terminal would run it (Ctrl-C reaches
@@ -66,7 +64,7 @@ def test_eight_runs_started_at_once_get_eight_directories(tmp_path):
     each claims its own directory, none fails, none writes into another's."""
     pattern = f"{tmp_path}/runs/" + "${now:%Y}"
     runs = [
-        start_cli(["training.steps=2", *TINY, f"training.seed={n}", f"hydra.run.dir={pattern}"], env={"OMP_NUM_THREADS": "1"})
+        start_cli(["debug=smoke", "training.steps=2", f"training.seed={n}", f"hydra.run.dir={pattern}"], env={"OMP_NUM_THREADS": "1"})
         for n in range(8)
     ]
     results = [run.communicate(timeout=1200) for run in runs]
@@ -87,7 +85,7 @@ def test_eight_runs_started_at_once_get_eight_directories(tmp_path):
 def test_ctrl_c_stops_every_rank_and_marks_the_run_interrupted(tmp_path):
     run_dir = tmp_path / "run"
     run = start_cli(
-        ["launcher.nproc_per_node=2", "parallelism=fsdp", "training.steps=100000", "training.seq_len=64", "optimizer.warmup_steps=1"],
+        ["debug=smoke", "logger=wandb", "launcher.nproc_per_node=2", "parallelism=fsdp", "training.steps=100000"],
         run_dir,
     )
     wait_for(lambda: steps_logged(run_dir) >= 2, 300, "two steps", run)
@@ -125,7 +123,7 @@ def _freeze_during_save(run: subprocess.Popen, folder: Path, after_step: int, ti
 
 def test_kill_during_a_save_resumes_from_the_previous_complete_checkpoint(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
-    common = ["checkpoint=on", "checkpoint.interval=2", "checkpoint.keep_latest_k=0", *TINY]
+    common = ["debug=smoke", "checkpoint=on", "checkpoint.interval=2", "checkpoint.keep_latest_k=0"]
     run = start_cli([*common, "training.steps=200"], first)
     wait_for(lambda: (first / "checkpoint" / "step-2" / ".metadata").is_file(), 300, "the first checkpoint", run)
     torn = _freeze_during_save(run, first / "checkpoint", after_step=2)
@@ -164,7 +162,7 @@ def small_disk(tmp_path):
 def test_disk_full_during_a_save_says_so_and_keeps_the_previous_checkpoint(tmp_path, small_disk):
     run_dir, resumed = tmp_path / "run", tmp_path / "resumed"
     folder = small_disk / "ckpt"
-    common = ["checkpoint=on", "checkpoint.interval=2", "checkpoint.keep_latest_k=0", f"checkpoint.folder={folder}", *TINY]
+    common = ["debug=smoke", "checkpoint=on", "checkpoint.interval=2", "checkpoint.keep_latest_k=0", f"checkpoint.folder={folder}"]
     result = run_cli([*common, "training.steps=6"], run_dir)
     assert result.returncode == 1, result.stderr[-3000:]
     message = f"checkpoint save at step 4 failed: no space left on device writing to {folder}"
@@ -173,7 +171,7 @@ def test_disk_full_during_a_save_says_so_and_keeps_the_previous_checkpoint(tmp_p
     assert summary["status"] == "failed" and message in summary["error"], summary
     assert (folder / "step-2" / ".metadata").is_file() and not (folder / "step-4").exists()
     # the previous checkpoint really loads: a run resumed from it continues at step 3
-    result = in_process([*TINY, "training.steps=3", f"checkpoint.resume_from={folder / 'step-2'}"], resumed)
+    result = in_process(["debug=smoke", "training.steps=3", f"checkpoint.resume_from={folder / 'step-2'}"], resumed)
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["step"] for r in read_metrics(resumed)] == [3]
 
@@ -182,12 +180,11 @@ def test_no_secret_is_written_but_the_ranks_see_them(tmp_path):
     run_dir = tmp_path / "run"
     run = start_cli(
         [
+            "debug=smoke",
+            "logger=wandb",
             "launcher.nproc_per_node=2",
             "parallelism=fsdp",
-            "logger=wandb",
             "training.steps=12",
-            "training.seq_len=64",
-            "optimizer.warmup_steps=1",
             *secret_args(),
         ],
         run_dir,

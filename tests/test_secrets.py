@@ -35,7 +35,15 @@ def test_no_secret_in_any_file_of_a_run(tmp_path, run_dir):
     )
     as_dict = "{" + ", ".join(f"{k}: '{v}'" for k, v in ON_COMMAND_LINE.items()) + "}"
     result = run_cli(
-        ["--config-dir", str(config_dir), "launcher=with_keys", "training.steps=2", "logger=wandb", f"+launcher.env={as_dict}"],
+        [
+            "--config-dir",
+            str(config_dir),
+            "launcher=with_keys",
+            "debug=smoke",
+            "training.steps=2",
+            "logger=wandb",
+            f"+launcher.env={as_dict}",
+        ],
         run_dir,
         env=SECRETS_IN_ENV,
         timeout=600,

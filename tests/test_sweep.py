@@ -25,8 +25,8 @@ from tests.conftest import (
     run_cli,
 )
 
-# Tiny and short: each trained job is a few seconds after the first one's imports.
-TINY = ["training.steps=3", "training.seq_len=64", "optimizer.warmup_steps=1"]
+# The smallest run (conf/debug/smoke.yaml), 3 steps, with the wandb runs these tests read.
+TINY = ["debug=smoke", "logger=wandb", "training.steps=3"]
 
 
 def run_sweep(args: list[str], sweep_dir: Path, cli: bool = False) -> subprocess.CompletedProcess:

@@ -12,7 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FAST, assert_trained, cli_env, command_in_process, in_process, read_metrics, read_summary, run_cli
+from tests.conftest import (
+    FAST,
+    assert_trained,
+    cli_env,
+    command_in_process,
+    compose_config,
+    in_process,
+    read_metrics,
+    read_summary,
+    run_cli,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -45,6 +55,31 @@ def test_default_run_trains_offline_and_reports(run_dir):
     assert summary["val_loss"] == validated[40] and summary["val_step"] == 40
     assert f"step    40/40  val_loss {validated[40]:8.4f}" in result.stdout
     assert "val loss (perplexity)" in result.stdout
+
+
+def test_debug_smoke_is_the_smallest_run_of_any_kind(shared_run, tmp_path):
+    """``python -m qwen3_trn debug=smoke``: 3 steps of 2 x 64 tokens, validated after the first
+    and the last, no logger files. It goes with every mode, launcher and sweep, and a key given on
+    the command line still wins."""
+    run = shared_run(["debug=smoke"])
+    records = assert_trained(run.result, run.run_dir, steps=3)
+    assert sorted(r["step"] for r in records if "val_loss" in r) == [1, 3]
+    assert records[-1]["tokens_seen"] == 3 * 2 * 64 and read_summary(run.run_dir)["status"] == "completed"
+    assert not (run.run_dir / "wandb").exists() and not list(run.run_dir.rglob("events.out.tfevents.*"))
+
+    wins = compose_config(["debug=smoke", "logger=wandb", "training.steps=8"])
+    assert wins.training.steps == 8 and list(wins.logger.backends) == ["wandb"]
+    # every mode with its own default model (nki_moe: tiny_moe), on Slurm, as a planned sweep
+    sweep = tmp_path / "sweep"
+    every_mode_on_slurm = ["debug=smoke", "backend=native,hf_v5,nki_moe", "launcher=slurm", "launcher.partition=cpu"]
+    planned = command_in_process(["-m", "mode=plan", *every_mode_on_slurm, f"hydra.sweep.dir={sweep}"])
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    manifest = json.loads((sweep / "manifest.json").read_text())
+    assert manifest["counts"]["planned"] == 3, manifest["counts"]
+    for job in manifest["jobs"]:
+        config = compose_config(job["overrides"])
+        assert (config.training.steps, config.training.seq_len, list(config.logger.backends)) == (3, 64, []), job["overrides"]
+        assert config.model.flavor == ("debugmodel_moe" if "backend=nki_moe" in job["overrides"] else "debugmodel")
 
 
 def test_native_moe_trains(run_dir):

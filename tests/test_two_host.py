@@ -31,7 +31,7 @@ except ImportError:
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(submitit is None, reason="submitit is not installed (pip install -e '.[slurm]')")]
 
-TINY = ["model=tiny", "logger=none", "training.seq_len=64", "optimizer.warmup_steps=1"]
+TINY = ["debug=smoke"]  # the smallest run (conf/debug/smoke.yaml)
 TWO_BY_TWO = ["launcher=slurm", "launcher.partition=cpu", "launcher.nnodes=2", "launcher.nproc_per_node=2", "parallelism=fsdp"]
 
 

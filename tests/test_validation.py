@@ -182,7 +182,7 @@ def test_metrics_line_of_a_validated_step_carries_the_held_out_loss(tmp_path):
 # Real runs
 # --------------------------------------------------------------------------------------------
 
-RUN = ["training.steps=4", "training.seq_len=64", "optimizer.warmup_steps=1", "logger=none", "validation.interval=2", "validation.steps=3"]
+RUN = ["debug=smoke", "training.steps=4", "validation.interval=2", "validation.steps=3"]
 
 # The same Trainer.Config straight through torchtitan's Python API, with torchtitan's own
 # Validator (stock Validator.Config) on the held-out corpus registered here, and torchtitan's

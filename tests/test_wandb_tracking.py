@@ -103,10 +103,9 @@ def test_other_loggers_and_no_wandb(tmp_path):
     sweep_dir = tmp_path / "loggers"
     args = [
         "-m",
+        "debug=smoke",
         "logger=tensorboard,none",
         "training.steps=2",
-        "training.seq_len=64",
-        "optimizer.warmup_steps=1",
         f"hydra.sweep.dir={sweep_dir}",
     ]
     result = command_in_process(args)
