@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from xdist.scheduler import LoadFileScheduling
@@ -41,15 +42,29 @@ NATIVE_DENSE = ["backend=native", "model=tiny", "checkpoint.hf_interval=2"]  # a
 HF_V5_DENSE = ["backend=hf_v5", "model=tiny"]
 
 
+# One compute thread per process of the suite (this one, the commands and ranks it starts, which
+# inherit the variable): the workers, one per core, train at the same time, and OpenMP threads
+# that outnumber the cores wait on each other, which makes a training step several times slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """Two workers on a 2-core machine (much of a test is waiting on processes it started), at
     most four anywhere: each worker may train a model and start ranks of its own."""
     return max(2, min(4, os.cpu_count() or 1))
 
 
-# Files whose tests share the session's runs (``hf_export_run``) run in one worker, and so do the
-# tests on the session's Slurm cluster (their names say slurm), so one worker starts one cluster.
-SHARED_SCOPES = {"tests/test_hf_export.py": "hf_export", "tests/test_hf_v5.py": "hf_export"}
+# Files whose tests share the session's runs (``shared_run``) run in one worker: the HF exports
+# (``hf_export_run``), and the docs' commands with the runs tests/test_training.py reads (the
+# default run, debug=smoke). So do the tests on the session's Slurm cluster (their names say
+# slurm), so one worker starts one cluster.
+SHARED_SCOPES = {
+    "tests/test_hf_export.py": "hf_export",
+    "tests/test_hf_v5.py": "hf_export",
+    "tests/test_docs.py": "docs",
+    "tests/test_training.py": "docs",
+}
 # The longest groups, one job after another on a cluster, start first rather than last.
 FIRST_SCOPES = ("slurm", "tests/test_two_host.py")
 

@@ -17,7 +17,8 @@ whose other lines show the command's output. An HTML comment on the line right b
   ``my_corpus/`` (a folder of JSON lines with a ``body`` column).
 
 Every other command runs and must exit 0: ``python -m qwen3_trn ARGS`` in this process
-(``in_process``, through the session's ``shared_run``; a ``-m`` sweep as a real process),
+(``in_process``, through the session's ``shared_run``, whose runs tests/test_training.py reads
+too; a ``-m`` sweep through the command's entry point, ``command_in_process``),
 ``python -m qwen3_trn.<module> ARGS`` through the module's ``main(ARGS)``, and
 ``pip install -e SPEC && REST`` as REST, once this checkout is seen to be the installed package.
 A command of any other form, or with an unfilled ``<placeholder>``, fails the test: mark it.
@@ -35,8 +36,6 @@ import io
 import json
 import re
 import shlex
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +43,7 @@ from pathlib import Path
 import pytest
 
 from qwen3_trn.data.embedded import corpus_path
-from tests.conftest import REPO, SharedRun, cli_env, compose_config
+from tests.conftest import OFFLINE, REPO, SharedRun, command_in_process, compose_config
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "launchers" / "slurm" / "README.md"]
 SHELL = {"bash", "sh", "shell"}
@@ -184,14 +183,8 @@ class Runner:
         where = self.root / f"cmd{len(self.results)}"
         if argv[:3] == ["python", "-m", "qwen3_trn"] and "-m" in argv[3:]:
             args = [a for a in argv[3:] if a != "-m"]
-            done = subprocess.run(
-                [sys.executable, "-m", "qwen3_trn", "-m", *args, f"hydra.sweep.dir={where}"],
-                cwd=self.root,
-                capture_output=True,
-                text=True,
-                timeout=600,
-                env=cli_env(),
-            )
+            with contextlib.chdir(self.root):
+                done = command_in_process(["-m", *args, f"hydra.sweep.dir={where}"], env=OFFLINE)
             return Result(done.returncode, done.stdout + done.stderr, where)
         if argv[:3] == ["python", "-m", "qwen3_trn"]:
             with contextlib.chdir(self.root):  # relative paths in a command resolve here

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_metrics, read_summary, run_cli, run_in_process
+from tests.conftest import command_in_process, read_metrics, read_summary, run_cli, run_in_process
 
 
 def empty_folders(run_dir: Path) -> list[str]:
@@ -57,8 +57,10 @@ def test_one_step_of_each_kind(case, run_dir):
 
 @pytest.mark.slow
 def test_one_step_sweep(tmp_path):
+    """Through the command's entry point in this process (a sweep as a real process:
+    tests/test_sweep.py)."""
     sweep = tmp_path / "sweep"
-    result = run_cli(["-m", "training.steps=1", "logger=none", "training.seed=1,2", f"hydra.sweep.dir={sweep}"], timeout=600)
+    result = command_in_process(["-m", "training.steps=1", "logger=none", "training.seed=1,2", f"hydra.sweep.dir={sweep}"])
     assert result.returncode == 0, result.stderr[-3000:]
     for job in ("0", "1"):
         assert_one_step(sweep / job)

@@ -1,4 +1,7 @@
-"""Real training on the CPU through the command line users run."""
+"""Real training on the CPU through the command line users run. The default run and the
+``debug=smoke`` run are the ones tests/test_docs.py runs for README.md's commands (the session's
+``shared_run``, in this process); the run with every default as a real process is
+tests/test_smallest_runs.py's."""
 
 from __future__ import annotations
 
@@ -31,8 +34,10 @@ def _falls(records, by=0.2):
     return records[-1]["loss"] < records[0]["loss"] - by
 
 
-def test_default_run_trains_offline_and_reports(run_dir):
-    result = run_cli([], run_dir)
+def test_default_run_trains_offline_and_reports(shared_run):
+    """``python -m qwen3_trn``."""
+    run = shared_run([])
+    result, run_dir = run.result, run.run_dir
     records = assert_trained(result, run_dir, steps=40)
     assert _falls(records, by=0.5), [r["loss"] for r in records]
     # live progress view and final summary on the console
