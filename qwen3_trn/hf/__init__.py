@@ -1,4 +1,3 @@
 """Hugging Face side of the project: the transformers-backend trainer and its fixes
 (``trainer``, ``model``), HF state-dict names (``state_dict``), safetensors checkpoints in and
-out (``checkpoint``), the export folder every mode writes (``export``) and random HF
-checkpoints for tests (``testing``)."""
+out (``checkpoint``) and the export folder every mode writes (``export``)."""
