@@ -11,6 +11,13 @@ from contextlib import contextmanager
 from typing import Iterator
 
 
+def first_line(exc: BaseException) -> str:
+    """The first non-blank line of an exception's message, without a closing full stop (its
+    type's name when it has none): a library's error quoted inside one of ours."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0].rstrip(".") if lines else type(exc).__name__
+
+
 class ConfigError(ValueError):
     """Raised for invalid configuration before any worker starts.
 

@@ -19,8 +19,7 @@ from typing import Any, Callable
 from qwen3_trn.config.files import read_json_file
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.data.sources import data_source
-from qwen3_trn.data.sources.base import first_line
-from qwen3_trn.errors import ConfigError
+from qwen3_trn.errors import ConfigError, first_line
 from qwen3_trn.quiet import logging_disabled
 
 # ------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from hydra.errors import MissingConfigException, OverrideParseException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from qwen3_trn.config.files import describe_yaml_error, yaml_position
-from qwen3_trn.errors import ConfigError
+from qwen3_trn.errors import ConfigError, first_line
 
 KEYS_HINT = "python -m qwen3_trn --cfg job lists every key"
 OVERRIDE_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic"
@@ -123,11 +123,6 @@ def _type_fix(exc: OmegaConfBaseException) -> str:
     return f"give a value of the type the key takes ({KEYS_HINT})"
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0].rstrip(".") if lines else type(exc).__name__
-
-
 def _clean_key(key: str) -> str:
     """``a.b`` for the list item ``a.b[2]``."""
     return key[: key.rindex("[")] if key.endswith("]") and "[" in key else key
@@ -137,7 +132,7 @@ def describe_value_problem(exc: OmegaConfBaseException, where: str = "") -> Conf
     """A ConfigError for OmegaConf's error about a key: its message, the key, where it was given
     and the fix, by the error's type (an unknown key, a value of the wrong type)."""
     key = _clean_key(exc.full_key or "config")
-    said = f"{_first_line(exc)}{f' ({where})' if where else ''}"
+    said = f"{first_line(exc)}{f' ({where})' if where else ''}"
     if isinstance(exc, (ConfigKeyError, ConfigAttributeError)):
         return ConfigError(key, f"{said}; no such key: {_unknown_key_fix(exc)}")
     if isinstance(exc, ValidationError):
@@ -225,26 +220,26 @@ def _override_problem(exc: BaseException, override: Override) -> ConfigError:
         fix = f"{key} already exists, so it cannot be added with '+'; write {key}=<value> (or ++{key}=<value> to add or override)"
     else:
         fix = f"see {OVERRIDE_GRAMMAR}"
-    return ConfigError(key, f"{_first_line(exc)}; {fix}.")
+    return ConfigError(key, f"{first_line(exc)}; {fix}.")
 
 
 def _missing_option(exc: MissingConfigException) -> ConfigError:
     missing = exc.missing_cfg_file or "config"
     group, _, option = missing.rpartition("/")
     if not group:
-        return ConfigError(missing, f"{_first_line(exc)}; check --config-dir / --config-name.")
+        return ConfigError(missing, f"{first_line(exc)}; check --config-dir / --config-name.")
     if exc.options:
         options = f"the options of {group} are {', '.join(exc.options)}: pick one"
     else:
         options = f"the group {group} has no options on the config search path"
-    return ConfigError(group, f"{_first_line(exc)}; {options}, or add a {group}/{option}.yaml with --config-dir.")
+    return ConfigError(group, f"{first_line(exc)}; {options}, or add a {group}/{option}.yaml with --config-dir.")
 
 
 def _unparsable(exc: OverrideParseException) -> ConfigError:
     key = exc.override.split("=", 1)[0].lstrip("+~") or exc.override
     return ConfigError(
         key,
-        f"cannot parse the override '{exc.override}' ({_first_line(Exception(exc.message))}); "
+        f"cannot parse the override '{exc.override}' ({first_line(Exception(exc.message))}); "
         f"see {OVERRIDE_GRAMMAR} (quote values with special characters).",
     )
 
@@ -270,7 +265,7 @@ def composition_error(exc: BaseException, search_dirs: Iterable[Path] = ()) -> C
         return describe_value_problem(value_error, _where(given, _clean_key(value_error.full_key), search_dirs))
     if isinstance(given, Override):
         return _override_problem(exc, given)
-    return ConfigError("config", f"{_first_line(exc)}; {KEYS_HINT}.")
+    return ConfigError("config", f"{first_line(exc)}; {KEYS_HINT}.")
 
 
 def _group_of(path: Path, search_dirs: list[Path]) -> str:

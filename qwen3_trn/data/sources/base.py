@@ -42,12 +42,6 @@ class ResolvedDataset:
     path: str | None
 
 
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (its type's name when it has none)."""
-    text = str(exc).strip()
-    return text.splitlines()[0].rstrip(".") if text else type(exc).__name__
-
-
 def _pick_text(column: str, sample: dict[str, Any]) -> str:
     return sample[column]
 

@@ -12,8 +12,8 @@ from typing import Optional
 from datasets import load_dataset, load_dataset_builder
 
 from qwen3_trn.config.schema import Mode
-from qwen3_trn.data.sources.base import Documents, SplitSource, first_line
-from qwen3_trn.errors import ConfigError
+from qwen3_trn.data.sources.base import Documents, SplitSource
+from qwen3_trn.errors import ConfigError, first_line
 from qwen3_trn.quiet import logging_disabled
 
 
