@@ -181,4 +181,8 @@ class GuardedCheckpointManager(CheckpointManager):
             incomplete = StepFolder(curr_step, folder / f"step-{curr_step}")
             if (not dist.is_initialized() or dist.get_rank() == 0) and incomplete.path.is_dir() and not incomplete.complete:
                 shutil.rmtree(incomplete.path, ignore_errors=True)
+            # DCP wraps a Ctrl-C that lands inside the save in its CheckpointException: the run
+            # was interrupted, not failed, and the interrupt goes on as one.
+            if any(isinstance(cause, KeyboardInterrupt) for cause in _root_causes(exc)):
+                raise KeyboardInterrupt from exc
             raise CheckpointSaveError(message) from exc

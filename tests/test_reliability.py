@@ -12,7 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+from torch.distributed.checkpoint.api import CheckpointException
 
+from qwen3_trn.checkpointing import CheckpointSaveError, GuardedCheckpointManager
+from qwen3_trn.titan import CheckpointManager
 from tests.conftest import REPO, cli_env, command_in_process, in_process, read_metrics, read_summary, run_cli
 from tests.secret_values import SECRETS_IN_ENV, SECRETS_IN_LAUNCHER_ENV, files_with_secrets, process_cmdline, process_env, secret_args
 
@@ -212,3 +215,22 @@ def test_no_secret_is_written_but_the_ranks_see_them(tmp_path):
     assert (sweep / "multirun.yaml").is_file() and (sweep / "plan.txt").read_text().count("=== job #") == 2
     assert files_with_secrets(sweep) == []
     assert 'HF_TOKEN="$HF_TOKEN"' in (sweep / "plan.txt").read_text()
+
+
+@pytest.mark.parametrize("cause", [KeyboardInterrupt(), OSError(28, "No space left on device")], ids=["ctrl-c", "disk-full"])
+def test_a_save_that_dcp_reports_failed_is_an_interrupt_only_when_ctrl_c_caused_it(tmp_path, monkeypatch, cause):
+    """torch's distributed checkpoint wraps whatever stopped a rank's save, a Ctrl-C included, in
+    its CheckpointException: an interrupted save ends the run as interrupted (KeyboardInterrupt),
+    any other as a failed save; the incomplete step folder goes either way."""
+
+    def failing_save(self, curr_step, last_step=False):
+        (tmp_path / f"step-{curr_step}").mkdir()
+        raise CheckpointException("save failed", {0: (cause, None)})
+
+    monkeypatch.setattr(CheckpointManager, "_save", failing_save)
+    manager = object.__new__(GuardedCheckpointManager)
+    manager.folder = str(tmp_path)
+    expected = KeyboardInterrupt if isinstance(cause, KeyboardInterrupt) else CheckpointSaveError
+    with pytest.raises(expected):
+        manager._save(24)
+    assert not (tmp_path / "step-24").exists()
