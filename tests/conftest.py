@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from xdist.scheduler import LoadFileScheduling
 
 from qwen3_trn.groups import register_schema
+from tests.node_agents import free_port, run_node_agents
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -64,6 +65,8 @@ SHARED_SCOPES = {
     "tests/test_hf_v5.py": "hf_export",
     "tests/test_docs.py": "docs",
     "tests/test_training.py": "docs",
+    # the two-agent run on loopback (``loopback_2x2_run``), also the one-host reference of the 2x2 two-host job
+    "tests/test_multinode.py": "tests/test_two_host.py",
 }
 # The longest groups, one job after another on a cluster, start first rather than last.
 FIRST_SCOPES = ("slurm", "tests/test_two_host.py")
@@ -285,6 +288,20 @@ def hf_export_run(shared_run: Callable[..., SharedRun], mode: list[str]) -> Shar
     """The session's tiny run of ``mode`` exporting Hugging Face weights, with DCP checkpoints as
     well (the export check loads the same step into torchtitan), trained in this process."""
     return shared_run([*mode, "checkpoint=hf_export", "checkpoint.enable=true", *HF_EXPORT_TRAINING], env=OFFLINE)
+
+
+# Two node agents x 2 ranks on this machine over loopback, FSDP: tests/test_multinode.py reads
+# it, and tests/test_two_host.py compares the same 4 ranks across two hosts with it.
+TWO_BY_TWO_TRAINING = ["debug=smoke", "training.steps=3"]
+
+
+@pytest.fixture(scope="session")
+def loopback_2x2_run(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    return run_node_agents(
+        tmp_path_factory.mktemp("loopback_2x2"),
+        f"127.0.0.1:{free_port()}",
+        ["launcher.nproc_per_node=2", "parallelism=fsdp", *TWO_BY_TWO_TRAINING],
+    )
 
 
 # --------------------------------------------------------------------------------------------

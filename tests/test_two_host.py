@@ -14,13 +14,12 @@ import re
 import signal
 import socket
 import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, compose_config, read_metrics, read_summary
+from tests.conftest import TWO_BY_TWO_TRAINING, compose_config, read_metrics, read_summary
+from tests.node_agents import free_port, head_node, run_node_agents
 from tests.slurm_cluster import SlurmCluster, two_host_cluster, two_host_env, wait_for_state  # noqa: F401
 from tests.test_launcher_slurm import _job_log, _wait_until
 
@@ -45,12 +44,6 @@ def _address(name: str) -> str:
     return socket.gethostbyname(name)
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 def _in_host(cluster: SlurmCluster, node: str) -> list[str]:
     """The command prefix that runs a process on compute host ``node`` of the cluster: in its
     network namespace and a UTS namespace with its hostname, as slurmd's processes run."""
@@ -69,36 +62,6 @@ def _in_host(cluster: SlurmCluster, node: str) -> list[str]:
     ]
 
 
-def _two_agents(tmp_path: Path, endpoint: str, overrides: list[str], prefixes: tuple[list[str], list[str]] = ([], [])) -> list[Path]:
-    """Multi-node torchrun as a user on two machines starts it: the same command on each node
-    (launcher.nnodes=2, one rendezvous endpoint), each with a run directory of its own."""
-    run_id = f"twohost-{uuid.uuid4().hex[:8]}"
-    common = ["launcher.nnodes=2", f"launcher.rdzv_endpoint={endpoint}", f"launcher.rdzv_id={run_id}", *overrides]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    dirs = [tmp_path / f"node{n}" for n in range(2)]
-    agents = [
-        subprocess.Popen(
-            [*prefix, sys.executable, "-m", "qwen3_trn", *common, f"hydra.run.dir={run_dir}"],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for prefix, run_dir in zip(prefixes, dirs)
-    ]
-    try:
-        outputs = [agent.communicate(timeout=300) for agent in agents]
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                agent.kill()
-                agent.wait()
-    for agent, (_out, err) in zip(agents, outputs):
-        assert agent.returncode == 0, err[-3000:]
-    return dirs
-
-
 def _placements(run_dirs: list[Path]) -> dict[int, str]:
     """rank -> the placement line its log starts with (qwen3_trn.worker.log_placement)."""
     found = {}
@@ -112,10 +75,18 @@ def _placements(run_dirs: list[Path]) -> dict[int, str]:
     return found
 
 
-def test_two_host_fsdp_2x2_across_hosts_matches_the_same_ranks_on_one_host(two_host_env: SlurmCluster, tmp_path: Path):
+# AWS's multi-node recipe (conf/experiment/trn2_multinode.yaml: its Neuron/EFA environment, one
+# job of two nodes) on CPU ranks, sharded over the whole world as the one-host reference is.
+TRN2_ON_CPU = ["experiment=trn2_multinode", "device=cpu", "parallelism.dp_replicate=1", "parallelism.dp_shard=-1"]
+TRN2_ENV = "NEURON_LOGICAL_NC_CONFIG=2, FI_PROVIDER=efa, FI_EFA_USE_DEVICE_RDMA=1, FI_EFA_FORK_SAFE=1"
+
+
+def test_two_host_fsdp_2x2_across_hosts_matches_the_same_ranks_on_one_host(two_host_env: SlurmCluster, loopback_2x2_run, tmp_path: Path):
+    """The trn2_multinode experiment as a 2-node x 2-rank Slurm job on the two hosts: each rank
+    gets the experiment's environment, and the losses equal the same 4 ranks on one host."""
     first, second = two_host_env.nodes
     run_dir = tmp_path / "2x2"
-    _execute([*TWO_BY_TWO, *TINY, "training.steps=3", "launcher.wait=true"], run_dir)
+    _execute([*TRN2_ON_CPU, *TWO_BY_TWO, *TWO_BY_TWO_TRAINING, "launcher.wait=true"], run_dir)
     summary = read_summary(run_dir)
     assert summary["status"] == "completed", _job_log(run_dir)[-3000:]
     slurm = summary["job"]
@@ -127,46 +98,29 @@ def test_two_host_fsdp_2x2_across_hosts_matches_the_same_ranks_on_one_host(two_h
     assert host == first and port.isdigit(), slurm
     assert not _address(host).startswith("127.") and _address(host) != _address(second)
     assert "2 node(s) x 2 rank(s)" in summary["layout"] and summary["world_size"] == 4, summary
-    # ranks 0-1 ran on the first host, 2-3 on the second (each rank's log says where)
+    # ranks 0-1 ran on the first host, 2-3 on the second (each rank's log says where), each with
+    # the experiment's Neuron/EFA variables, exported by the sbatch script, in its process
     hosts = _placements([run_dir])
     assert {rank: where.split()[0] for rank, where in hosts.items()} == {0: first, 1: first, 2: second, 3: second}, hosts
+    assert all(where.endswith(f"launcher.env here: {TRN2_ENV}") for where in hosts.values()), hosts
+    submitted = Path(slurm["submission_file"]).read_text()
+    assert "export FI_PROVIDER=efa" in submitted and "#SBATCH --nodes=2" in submitted
 
     # The same 4 ranks (2 agents x 2) on one host over loopback: the same losses, bitwise.
-    endpoint = f"127.0.0.1:{_free_port()}"
-    local = _two_agents(tmp_path / "one_host", endpoint, ["launcher.nproc_per_node=2", "parallelism=fsdp", *TINY, "training.steps=3"])
-    head = next(d for d in local if (d / "metrics.jsonl").exists())
     across = [r["loss"] for r in read_metrics(run_dir)]
-    same_host = [r["loss"] for r in read_metrics(head)]
+    same_host = [r["loss"] for r in read_metrics(head_node(loopback_2x2_run))]
     assert len(across) == 3 and across == same_host, (across, same_host)
-
-
-def test_two_host_trn2_multinode_environment_reaches_every_rank(two_host_env: SlurmCluster, tmp_path: Path):
-    first, second = two_host_env.nodes
-    run_dir = tmp_path / "trn2"
-    cpu = ["device=cpu", "launcher.nproc_per_node=1", "parallelism.dp_shard=1", "launcher.partition=cpu"]
-    _execute(["experiment=trn2_multinode", "launcher=slurm", *cpu, *TINY, "training.steps=2", "launcher.wait=true"], run_dir)
-    summary = read_summary(run_dir)
-    assert summary["status"] == "completed", _job_log(run_dir)[-3000:]
-    assert summary["job"]["hostnames"] == [first, second] and summary["world_size"] == 2, summary
-    # the experiment's Neuron/EFA variables, exported by the sbatch script, in each rank's process
-    expected = "NEURON_LOGICAL_NC_CONFIG=2, FI_PROVIDER=efa, FI_EFA_USE_DEVICE_RDMA=1, FI_EFA_FORK_SAFE=1"
-    hosts = _placements([run_dir])
-    assert sorted(hosts) == [0, 1], hosts
-    for rank, node in ((0, first), (1, second)):
-        assert hosts[rank].startswith(f"{node} ") and hosts[rank].endswith(f"launcher.env here: {expected}"), hosts
-    submitted = Path(summary["job"]["submission_file"]).read_text()
-    assert "export FI_PROVIDER=efa" in submitted and "#SBATCH --nodes=2" in submitted
 
 
 def test_two_host_torchrun_between_two_namespaces(two_host_cluster: SlurmCluster, tmp_path: Path):
     """Without Slurm: one node agent in each host's namespaces, the rendezvous endpoint on the
     first host's name (its address on the private subnet), as on two machines."""
     first, second = two_host_cluster.nodes
-    endpoint = f"{first}:{_free_port()}"
+    endpoint = f"{first}:{free_port()}"
     prefixes = (_in_host(two_host_cluster, first), _in_host(two_host_cluster, second))
-    dirs = _two_agents(tmp_path, endpoint, ["launcher.nproc_per_node=1", "parallelism=fsdp", *TINY, "training.steps=2"], prefixes)
-    head = next(d for d in dirs if (d / "metrics.jsonl").exists())
-    assert head == dirs[0], "global rank 0 is on the host of the rendezvous endpoint"
+    dirs = run_node_agents(tmp_path, endpoint, ["launcher.nproc_per_node=1", "parallelism=fsdp", *TINY, "training.steps=2"], prefixes)
+    assert head_node(dirs) == dirs[0], "global rank 0 is on the host of the rendezvous endpoint"
+    head = dirs[0]
     assert [r["step"] for r in read_metrics(head)] == [1, 2]
     summary = read_summary(head)
     assert summary["world_size"] == 2 and "2 node(s) x 1 rank(s)" in summary["layout"], summary
