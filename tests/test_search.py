@@ -18,7 +18,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from tests.conftest import chromium, needs_chromium, read_metrics, read_summary, run_cli
+from tests.conftest import chromium, command_in_process, needs_chromium, read_metrics, read_summary, run_cli
 from tests.slurm_cluster import slurm_cluster  # noqa: F401
 
 STEPS = 8
@@ -32,8 +32,10 @@ def _explain(result: subprocess.CompletedProcess) -> str:
 
 
 def run_search(sweep_dir: Path, n_trials: int, *extra: str) -> subprocess.CompletedProcess:
+    """The search through the command's entry point in this process (the search on Slurm below
+    is a real ``python -m qwen3_trn`` process)."""
     args = ["hparams_search=tiny_lr", f"hydra.sweeper.n_trials={n_trials}", *SHORT, *extra, f"hydra.sweep.dir={sweep_dir}"]
-    return run_cli(args, timeout=900)
+    return command_in_process(args)
 
 
 def load_study(sweep_dir: Path, name: str = STUDY) -> optuna.Study:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli_env, read_metrics, read_summary, run_cli
+from tests.conftest import REPO, cli_env, command_in_process, read_metrics, read_summary
 from tests.secret_values import SECRETS_IN_LAUNCHER_ENV, files_with_secrets, secret_args
 
 ONE_STEP = ["training.steps=1", "logger=none"]
@@ -25,7 +25,7 @@ def manifest(sweep: Path) -> dict:
 @pytest.mark.slow
 def test_a_sweep_with_an_invalid_job_starts_nothing(tmp_path):
     sweep = tmp_path / "sweep"
-    result = run_cli(["-m", "backend=nki_moe", "model=tiny_moe", "model.top_k=1,99,2", *ONE_STEP, f"hydra.sweep.dir={sweep}"])
+    result = command_in_process(["-m", "backend=nki_moe", "model=tiny_moe", "model.top_k=1,99,2", *ONE_STEP, f"hydra.sweep.dir={sweep}"])
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert result.stderr.startswith("error: 1 of 3 jobs of this sweep are invalid; nothing was started:")
@@ -39,7 +39,7 @@ def test_a_sweep_with_an_invalid_job_starts_nothing(tmp_path):
 def test_skip_invalid_runs_the_valid_jobs_and_a_rerun_trains_nothing_again(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", *ONE_STEP, "training.seed=1,2", "model.n_layers=2,0", "sweep.skip_invalid=true", f"hydra.sweep.dir={sweep}"]
-    first = run_cli(args)
+    first = command_in_process(args)
     assert first.returncode == 0, first.stderr[-3000:]
     jobs = {job["num"]: job for job in manifest(sweep)["jobs"]}
     assert [jobs[n]["status"] for n in range(4)] == ["completed", "skipped", "completed", "skipped"]
@@ -48,7 +48,7 @@ def test_skip_invalid_runs_the_valid_jobs_and_a_rerun_trains_nothing_again(tmp_p
     trained = {n: (sweep / str(n) / "metrics.jsonl").read_bytes() for n in (0, 2)}
     stamps = {n: (sweep / str(n) / "summary.json").stat().st_mtime_ns for n in (0, 2)}
 
-    again = run_cli(args)
+    again = command_in_process(args)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("completed earlier, kept") == 2
     for n in (0, 2):  # nothing trained again: the runs' records are untouched
@@ -61,7 +61,7 @@ def test_skip_invalid_runs_the_valid_jobs_and_a_rerun_trains_nothing_again(tmp_p
 @pytest.mark.slow
 def test_a_planned_sweep_is_one_table_and_no_run_per_job(tmp_path):
     sweep = tmp_path / "sweep"
-    result = run_cli(
+    result = command_in_process(
         ["-m", "mode=plan", "logger=none", "model=tiny,tiny_moe", "launcher.nproc_per_node=1,2", *secret_args(), f"hydra.sweep.dir={sweep}"]
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -115,7 +115,7 @@ def test_an_interrupted_sweep_resumes_its_job_from_the_checkpoint(tmp_path):
     assert json.loads((sweep / "1" / "job.json").read_text())["status"] == "interrupted"
     job0 = (sweep / "0" / "metrics.jsonl").read_bytes()
 
-    again = run_cli(args)
+    again = command_in_process(args)
     assert again.returncode == 0, again.stderr[-3000:]
     assert (sweep / "0" / "metrics.jsonl").read_bytes() == job0, "the completed job is kept"
     attempt = sweep / "previous-attempts" / "1-1"
