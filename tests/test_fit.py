@@ -10,10 +10,12 @@ import pytest
 from qwen3_trn.app import to_run_config
 from qwen3_trn.backends.base import flavor_architecture
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.fit import probe
 from qwen3_trn.fit.counts import count
 from qwen3_trn.fit.memory import GIB
 from qwen3_trn.fit.tracked import isolated, rank0_parameters, trainer_flops_per_token
 from qwen3_trn.preflight import prepare
+from qwen3_trn.records import CACHE_ENV
 from tests.conftest import CONF, command_in_process, compose_config, in_process, read_summary
 
 # Qwen3 model cards (huggingface.co/Qwen/Qwen3-<size>): "Number of Parameters" (embeddings
@@ -181,3 +183,18 @@ def test_composed_estimate_agrees_with_the_tracker(overrides):
     assert prepared.fit.memory.peak == pytest.approx(tracked["peak"], rel=0.10)
     for name in ("params", "grads", "optimizer"):
         assert getattr(prepared.fit.memory, name) == pytest.approx(tracked[name], rel=0.05)
+
+
+def test_an_activation_profile_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    """Every run's fit check needs the profile of its model; the second check of the same model
+    reads the first one's from the disk cache instead of measuring again. The model config is
+    built anew each time: its key must not hold what differs between two builds (the object
+    addresses in the reprs of its param_init closures)."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    measured = []
+    measure = probe._measure
+    monkeypatch.setattr(probe, "_measure", lambda *args: measured.append(args) or measure(*args))
+    first, second = (prepare(_cfg(["model=tiny", "mode=plan"])).fit.memory for _ in range(2))
+    assert len(measured) == 1
+    assert first == second
+    assert len(json.loads((tmp_path / "cache" / "fit_activations.json").read_text())) == 1

@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker, _ModState
 
 from qwen3_trn.fit.trackers import by_category, for_torchtitan_step
-from qwen3_trn.records import cache_dir
+from qwen3_trn.records import cache_dir, read_json, write_json_atomic
 from qwen3_trn.titan import TORCH_DTYPE_MAP, BaseLoss, Qwen3Model, ScaledDotProductAttention, set_default_dtype, torchtitan_version
 
 PROBE_LAYERS = 2
@@ -91,7 +92,14 @@ def _measure(model_config, ac_config, loss_config: BaseLoss.Config, dtype: torch
     return ActivationProfile(per_layer=per_layer, fixed=max(peak - per_layer * len(blocks), 0), batch=batch, seq_len=seq_len)
 
 
+# "<function f.<locals>.g at 0x7f...>" (the model config's ``param_init`` closures, as its
+# ``to_dict`` writes them): the address differs in every process, the rest does not.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
 def _key(model_config, ac_config, loss_config, dtype: torch.dtype, batch: int, seq_len: int) -> str:
+    """The cache key of a profile: the same for the same model, activation checkpointing, loss,
+    dtype and micro-batch in every process (no object addresses)."""
     described = json.dumps(
         [
             model_config.to_dict(),
@@ -106,7 +114,7 @@ def _key(model_config, ac_config, loss_config, dtype: torch.dtype, batch: int, s
         sort_keys=True,
         default=repr,
     )
-    return hashlib.sha256(described.encode()).hexdigest()[:24]
+    return hashlib.sha256(_ADDRESS.sub("", described).encode()).hexdigest()[:24]
 
 
 def activation_profile(
@@ -116,17 +124,14 @@ def activation_profile(
     dtype = TORCH_DTYPE_MAP[compute_dtype]
     key = _key(model_config, ac_config, loss_config, dtype, batch, seq_len)
     cache = _cache_file()
-    try:
-        known = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        known = {}
+    known = read_json(cache) or {}
     if key in known:
         return ActivationProfile(**known[key])
     profile = _measure(_cut(model_config, PROBE_LAYERS), ac_config, loss_config, dtype, batch, seq_len)
-    known[key] = dataclasses.asdict(profile)
+    # read again: another process may have added its own profile since
+    known = {**(read_json(cache) or {}), key: dataclasses.asdict(profile)}
     try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(known))
+        write_json_atomic(cache, known)
     except OSError:
         pass
     return profile
