@@ -40,6 +40,7 @@ import torch
 from qwen3_trn.config.schema import CompileBackend, DeviceType, Mode, ParamDType
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.hf.export import latest_hf_export
+from qwen3_trn.hf.reference import MOE_ARCHITECTURE, export_side, in_clean_process
 from qwen3_trn.launch.local import LocalLauncher
 from qwen3_trn.local_tensors import local_tensor
 from qwen3_trn.preflight import prepare
@@ -47,7 +48,6 @@ from qwen3_trn.records import CONFIG_FILE, load_run_config
 from qwen3_trn.worker import build_trainer
 
 PROMPT = "def sorted(iterable):"
-MOE_ARCHITECTURE = "Qwen3MoeForCausalLM"
 
 
 def _free_port() -> int:
@@ -117,37 +117,6 @@ def zero_expert_bias(model: torch.nn.Module) -> float:
     return largest
 
 
-def hf_model(folder: Path, reference: bool = True, **kwargs):
-    """``AutoModelForCausalLM.from_pretrained(folder)`` in fp32 (``reference``: SDPA attention and
-    the eager experts loop, the plain reference math on any device)."""
-    from transformers import AutoModelForCausalLM
-
-    extra: dict[str, Any] = {}
-    if reference:
-        extra["attn_implementation"] = "sdpa"
-        config = json.loads((folder / "config.json").read_text())
-        if config.get("architectures", [""])[0] == MOE_ARCHITECTURE:
-            extra["experts_implementation"] = "eager"
-    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, **extra, **kwargs)
-
-
-def loading_info(info: dict[str, Any]) -> dict[str, list[str]]:
-    return {k: [str(x[0] if isinstance(x, tuple) else x) for x in v] for k, v in info.items() if isinstance(v, (list, set))}
-
-
-def in_clean_process(fn, *args):
-    """``fn(*args)`` in a spawned interpreter. Building torchtitan's ``HFTransformerModel``
-    monkeypatches transformers for the rest of the process (``PreTrainedModel._init_weights`` /
-    ``_initialize_weights`` and the decoder layer's ``__init__``; the patched init skips
-    meta-device modules, so ``from_pretrained`` afterwards leaves rotary ``inv_freq`` buffers
-    uninitialised). Reference models must come from unpatched transformers."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(fn, *args).result()
-
-
 # --------------------------------------------------------------------------------------------
 # Verifying a run's export
 # --------------------------------------------------------------------------------------------
@@ -207,31 +176,6 @@ class ExportReport(LogitCheck):
         return "\n".join(lines + ([f"FAIL: {f}" for f in self.failures] or ["OK"]))
 
 
-def _export_side(folder: str, tokens: torch.Tensor, prompt: str, new_tokens: int) -> dict[str, Any]:
-    """What a user gets from the folder: the model and tokenizer as transformers loads them,
-    ``generate`` on a prompt, and the logits for ``tokens``."""
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model, info = AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    inputs = tokenizer(prompt, return_tensors="pt")
-    with torch.no_grad():
-        generated = model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-    new = generated[0, inputs["input_ids"].shape[1] :]
-    reference = hf_model(Path(folder))
-    with torch.no_grad():
-        logits = reference(tokens).logits.float()
-    return {
-        "model_class": type(model).__name__,
-        "tokenizer_class": type(tokenizer).__name__,
-        "loading": loading_info(info),
-        "generated": tokenizer.decode(new),
-        "generated_tokens": int(new.numel()),
-        "logits": logits,
-    }
-
-
 def _titan_config(run_dir: Path, step: int, scratch: Path):
     cfg = load_run_config(run_dir / CONFIG_FILE)
     checkpoint = run_dir / cfg.checkpoint.folder / f"step-{step}"
@@ -285,7 +229,7 @@ def verify_export(
     length = min(seq_len, int(config.get("max_position_embeddings") or seq_len))
     tokens = torch.randint(0, int(config["vocab_size"]), (2, length), generator=torch.Generator().manual_seed(0))
 
-    hf = in_clean_process(_export_side, str(folder), tokens, PROMPT, new_tokens)
+    hf = in_clean_process(export_side, str(folder), tokens, PROMPT, new_tokens)
     report.model_class, report.tokenizer_class = hf["model_class"], hf["tokenizer_class"]
     report.loading, report.generated, report.generated_tokens = hf["loading"], hf["generated"], hf["generated_tokens"]
 

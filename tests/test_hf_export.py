@@ -144,3 +144,12 @@ def test_tie_embeddings_override_reaches_the_export(overrides, tied, tmp_path):
     report = verify_export(run_dir)
     assert report.ok, report.render()
     assert report.loading["missing_keys"] == [] and report.loading["unexpected_keys"] == []
+
+
+def test_the_reference_side_loads_no_torchtitan():
+    """verify's fresh interpreter runs ``qwen3_trn.hf.reference``: transformers' own models, with
+    nothing of torchtitan (whose HF backend patches transformers) or of the trainer imported."""
+    code = "import sys, qwen3_trn.hf.reference; print(sorted(m for m in ('torchtitan', 'qwen3_trn.titan', 'transformers') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]"

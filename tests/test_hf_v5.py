@@ -45,7 +45,7 @@ def _falls(records, by=0.15):
 def _python(code: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter. Transformers reference models are loaded there:
     building torchtitan's HFTransformerModel monkeypatches transformers' weight init for the
-    rest of a process (see qwen3_trn.verify.in_clean_process)."""
+    rest of a process (see qwen3_trn.hf.reference.in_clean_process)."""
     import os
 
     return subprocess.run(

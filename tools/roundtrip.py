@@ -37,18 +37,10 @@ from qwen3_trn.config.schema import DeviceType, ParamDType, RunConfig
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.hf.checkpoint import checkpoint_shapes, safetensors_files
 from qwen3_trn.hf.export import save_hf_weights, write_hf_model_files
+from qwen3_trn.hf.reference import hf_model, in_clean_process, loading_info
 from qwen3_trn.models.hf_config import architecture_from_hf
 from qwen3_trn.records import write_json_atomic
-from qwen3_trn.verify import (
-    LogitCheck,
-    hf_model,
-    in_clean_process,
-    load_into_titan,
-    loading_info,
-    run_check,
-    single_rank,
-    titan_logits,
-)
+from qwen3_trn.verify import LogitCheck, load_into_titan, run_check, single_rank, titan_logits
 
 LM_HEAD = "lm_head.weight"
 
@@ -148,7 +140,7 @@ def _tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 def _hf_side(source: str, copy: str, tokens: torch.Tensor) -> dict[str, Any]:
     """Logits of the source and of the copy as plain transformers loads them, plus the loading
-    info of the copy. Runs in a fresh interpreter (see ``qwen3_trn.verify.in_clean_process``)."""
+    info of the copy. Runs in a fresh interpreter (see ``qwen3_trn.hf.reference.in_clean_process``)."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     original = hf_model(Path(source))
     reloaded, info = hf_model(Path(copy), output_loading_info=True)
