@@ -68,8 +68,11 @@ SHARED_SCOPES = {
     # the two-agent run on loopback (``loopback_2x2_run``), also the one-host reference of the 2x2 two-host job
     "tests/test_multinode.py": "tests/test_two_host.py",
 }
-# The longest groups, one job after another on a cluster, start first rather than last.
-FIRST_SCOPES = ("slurm", "tests/test_two_host.py")
+# The longest groups, one job after another on a cluster, start first rather than last, and
+# apart: while one worker's tests wait on the single-node cluster's jobs, the other trains on
+# the CPU (the HF exports, the bad-input and config cases), and only then takes the two-host
+# group, which waits as much. Two waiting groups side by side leave both cores half idle.
+FIRST_SCOPES = ("slurm", "hf_export", "tests/test_bad_input.py", "tests/test_config_matrix.py", "tests/test_two_host.py")
 
 
 class SharedRunScheduling(LoadFileScheduling):
