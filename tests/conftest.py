@@ -56,7 +56,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     started (Slurm jobs, node agents, ranks), and the extra worker trains in that time. On a
     2-core machine three workers finish the suite about 5 % sooner than two. Not more: each
     worker may train a model and start ranks of its own."""
-    return max(2, min(4, (os.cpu_count() or 1) + 1))
+    return min(4, (os.cpu_count() or 1) + 1)
 
 
 # Files whose tests share the session's runs (``shared_run``) run in one worker: the HF exports
