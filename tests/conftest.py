@@ -22,6 +22,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from xdist.scheduler import LoadFileScheduling
 
+from qwen3_trn.devices import probe_device
 from qwen3_trn.groups import register_schema
 from tests.node_agents import free_port, run_node_agents
 
@@ -181,6 +182,14 @@ def _process_left_as_found() -> Iterator[None]:
     else:
         os.environ["PYTHONPATH"] = pythonpath
     assert not changed, f"the test changed {', '.join(changed)} of the test process"
+
+
+@pytest.fixture(autouse=True)
+def _device_probes_afresh() -> None:
+    """Each test probes the devices afresh: ``probe_device`` is memoized per process, so what one
+    test's stand-ins made it find (torch-neuronx's modules, a ``DEVICES`` entry) would otherwise
+    answer for later tests in the same worker."""
+    probe_device.cache_clear()
 
 
 @pytest.fixture(autouse=True)

@@ -4,6 +4,8 @@ worker starts, with nothing written over."""
 from __future__ import annotations
 
 import gzip
+import sys
+import types
 
 import pytest
 
@@ -38,6 +40,15 @@ def test_config_errors_name_key_and_fix(overrides, key, fix, tmp_path):
     assert info.value.key == key
     assert fix in str(info.value)
     assert not run_dir.exists(), "nothing may be written before the config is valid"
+
+
+def test_a_placeholder_torch_neuronx_is_named_as_one(tmp_path, monkeypatch):
+    """PyPI's torch-neuronx imports but is empty: it registers no ``torch.neuron``."""
+    monkeypatch.setitem(sys.modules, "torch_neuronx", types.ModuleType("torch_neuronx"))
+    with pytest.raises(ConfigError) as info:
+        execute(compose_config(["device=neuron"], tmp_path / "run"))
+    assert info.value.key == "device"
+    assert "registered no 'neuron' device" in str(info.value) and "Neuron SDK" in str(info.value)
 
 
 def test_unknown_key_added_with_plus_is_refused(tmp_path):

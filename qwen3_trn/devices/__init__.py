@@ -73,7 +73,10 @@ def _probe_neuron() -> DeviceSpec:
         raise DeviceAbsent(f"torch-neuronx is not importable ({exc})") from exc
     neuron = getattr(torch, "neuron", None)
     if neuron is None or not hasattr(neuron, "device_count"):
-        raise DeviceAbsent("torch_neuronx imported but registered no 'neuron' device (placeholder package?)")
+        raise DeviceAbsent(
+            "torch-neuronx imports but registered no 'neuron' device (PyPI's torch-neuronx is an empty "
+            "placeholder; the Neuron SDK's build is the one that registers it)"
+        )
     count = int(neuron.device_count())
     if count == 0:
         raise DeviceAbsent("torch-neuronx sees no NeuronCores")
