@@ -21,26 +21,22 @@ from qwen3_trn.hf.export import HFExportCheckpointManager
 from qwen3_trn.layout import Layout
 from qwen3_trn.metrics import RunMetricsProcessor
 from qwen3_trn.models.architecture import Qwen3Architecture
+from qwen3_trn.titan import CompileConfig as TitanCompileConfig
 from qwen3_trn.titan import (
-    ChunkedLossWrapper,
-    CrossEntropyLoss,
     DebugConfig,
-    FullAC,
     HuggingFaceTextDataLoader,
     LRSchedulersContainer,
     OptimizersContainer,
-    ParamGroupConfig,
-    SelectiveAC,
     Trainer,
+    activation_checkpoint_config,
     compiled_components,
+    loss_config,
+    optimizer_config,
     torchtitan_version,
+    training_config,
 )
-from qwen3_trn.titan import CompileConfig as TitanCompileConfig
 from qwen3_trn.titan import ParallelismConfig as TitanParallelismConfig
-from qwen3_trn.titan import TrainingConfig as TitanTrainingConfig
 from qwen3_trn.validation import validator_config
-
-ACTIVATION_CHECKPOINTING = {"none": lambda: None, "selective": SelectiveAC.Config, "full": FullAC.Config}
 
 
 def architecture(cfg: RunConfig) -> Qwen3Architecture:
@@ -117,20 +113,13 @@ def _checkpoint(cfg: RunConfig, arch: Qwen3Architecture) -> HFExportCheckpointMa
 
 def _optimizer(cfg: RunConfig) -> OptimizersContainer.Config:
     opt = cfg.optimizer
-    return OptimizersContainer.Config(
-        param_groups=[
-            ParamGroupConfig(
-                pattern=r".*",
-                optimizer_name=str(opt.name),
-                optimizer_kwargs={
-                    "lr": opt.lr,
-                    "betas": (opt.beta1, opt.beta2),
-                    "eps": opt.eps,
-                    "weight_decay": opt.weight_decay,
-                },
-            )
-        ]
-    )
+    return optimizer_config(str(opt.name), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay)
+
+
+def _loss(arch: Qwen3Architecture) -> dict[str, Any]:
+    """``loss=`` where this torchtitan's Trainer.Config takes one (qwen3_trn.titan.loss_config)."""
+    loss = loss_config(arch.vocab_size)
+    return {} if loss is None else {"loss": loss}
 
 
 def run_info(cfg: RunConfig, device: DeviceSpec, layout: Layout, arch: Qwen3Architecture) -> dict[str, Any]:
@@ -171,7 +160,6 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
             validation_interval=cfg.validation.interval if cfg.validation.enable else 0,
             hf_export_dir=str(Path(cfg.output_dir) / cfg.checkpoint.hf_folder) if cfg.checkpoint.hf_export else "",
         ),
-        loss=ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=arch.vocab_size)),
         dataloader=HuggingFaceTextDataLoader.Config(dataset=dataset.name, dataset_path=dataset.path, num_workers=cfg.data.num_workers),
         optimizer=_optimizer(cfg),
         lr_scheduler=LRSchedulersContainer.Config(
@@ -180,7 +168,7 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
             decay_type=str(cfg.optimizer.decay_type),
             min_lr_factor=cfg.optimizer.min_lr_factor,
         ),
-        training=TitanTrainingConfig(
+        training=training_config(
             local_batch_size=training.local_batch_size,
             global_batch_size=training.global_batch_size,
             seq_len=training.seq_len,
@@ -208,13 +196,14 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
         ),
         checkpoint=_checkpoint(cfg, arch),
         validator=validator_config(cfg.validation, cfg.data, last_step=training.steps, num_workers=cfg.data.num_workers),
-        activation_checkpoint=ACTIVATION_CHECKPOINTING[training.activation_checkpoint](),
+        activation_checkpoint=activation_checkpoint_config(str(training.activation_checkpoint)),
         compile=TitanCompileConfig(
             enable=compile_enabled,
             backend=str(cfg.compile.backend) if compile_enabled else "inductor",
             components=[str(c) for c in cfg.compile.components],
         ),
         debug=DebugConfig(seed=training.seed, deterministic=training.deterministic),
+        **_loss(arch),
         **backend.trainer_fields(cfg),
     )
     apply_titan_overrides(trainer_config, cfg.titan)

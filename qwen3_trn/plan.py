@@ -16,6 +16,7 @@ from qwen3_trn.layout import Layout
 from qwen3_trn.preflight import Prepared
 from qwen3_trn.records import CONFIG_FILE, PLAN_FILE, PLAN_TEXT_FILE, TRAINER_CONFIG_FILE
 from qwen3_trn.redact import redact_overrides, redact_tree
+from qwen3_trn.titan import features_off, torchtitan_version
 
 
 def device_mapping(device_type: str, layout: Layout) -> list[str]:
@@ -35,7 +36,12 @@ def backend_facts(prepared: Prepared) -> list[str]:
     """The training mode and what it records of the run (its kernel, attention, token groups)."""
     backend = build_backend(prepared.cfg.backend)
     facts = backend.run_info(prepared.cfg, prepared.arch, prepared.device)
-    return [f"backend={prepared.cfg.backend.name}: {backend.description}", *(f"{key}: {as_written(value)}" for key, value in facts.items())]
+    return [
+        f"backend={prepared.cfg.backend.name}: {backend.description}",
+        *(f"{key}: {as_written(value)}" for key, value in facts.items()),
+        f"torchtitan: {torchtitan_version()}",
+        *(f"off here: {feature.describe()}" for feature in features_off()),
+    ]
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:

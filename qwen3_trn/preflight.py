@@ -24,7 +24,7 @@ from qwen3_trn.hf.export import check_hf_export
 from qwen3_trn.inputs import absolute_paths, check_data, check_tokenizer
 from qwen3_trn.layout import Layout, resolve_layout
 from qwen3_trn.models.architecture import Qwen3Architecture
-from qwen3_trn.titan import Trainer
+from qwen3_trn.titan import EXPERT_PARALLEL, PIPELINE_STAGES, Trainer
 from qwen3_trn.validation import check_validation
 
 # A launcher's own checks of a config and its layout (``Launcher.validate``): raise ConfigError.
@@ -117,6 +117,13 @@ def _check_compile(cfg: RunConfig, device: DeviceSpec) -> None:
         )
 
 
+def _check_torchtitan_features(layout: Layout) -> None:
+    """Degrees the installed torchtitan cannot run (``qwen3_trn.titan``: added within the supported range)."""
+    for degree, feature in ((layout.pp, PIPELINE_STAGES), (layout.ep, EXPERT_PARALLEL)):
+        if degree > 1 and not feature.available:
+            raise feature.refusal()
+
+
 def resolve(
     cfg: RunConfig, ranks_here: bool = True, problems: Problems | None = None, check_launcher: LauncherCheck | None = None
 ) -> Resolved:
@@ -157,6 +164,8 @@ def resolve(
     if cfg.parallelism.auto:  # the degrees that fit, written into the config every rank starts from
         layout, choice = fit.auto_layout(cfg, device, arch, to_trainer_config(cfg, device, layout), layout.nnodes, layout.nproc_per_node)
         cfg.parallelism = fit.chosen_parallelism(cfg.parallelism, layout)
+    with problems.check():
+        _check_torchtitan_features(layout)
     with problems.check():
         backend.validate_sharded(cfg, arch, device, layout)
     with problems.check():

@@ -1,22 +1,21 @@
-"""Every torchtitan name the project uses, imported here and nowhere else in the package.
+"""Every torchtitan name the project uses, imported here and nowhere else in the package, and the
+one place that adapts the package to the torchtitan installed.
 
-On trn2, ``torchtitan`` is the package torchtitan-neuron's install provides: a fork of an early
-2026 snapshot, which may lack names upstream added later (the project is written against
-upstream 0.3.0). Instead of an ImportError from deep inside a module, importing this one raises
-:class:`TorchtitanMismatch`: every missing name at once and the torchtitan version found. The
-entry point reports it like any other bad input (exit 2) before anything starts.
+Supported: upstream torchtitan 0.3.0, the first-class path, and upstream main from 7cec16600
+(2026-04-17) to 0.3.0. AWS's TorchTitan Neuron 0.2.2+neuron.1 is a fork of that window (the
+version string says 0.2.2; upstream main kept it until the 0.3.0rc1 bump), so what the window
+lacks is detected here by feature, not by version string:
 
-The ``from torchtitan... import`` statements of the ``try`` block below are the list: when one
-fails, each name of each statement is looked up on its own (:func:`missing_names`).
-``FIELDS`` are the fields the project sets that the issue tracker found upstream added later.
+* names every supported torchtitan has are imported in the ``try`` block below; one that is
+  missing (PyPI's torchtitan 0.2.2, the old TOML system, say) raises :class:`TorchtitanMismatch`
+  with every missing name at once, which the entry points report as bad input (exit 2);
+* names upstream added within the window are ``Feature``s: where one is missing, the adapter
+  functions below take the older path (same training), or the feature is off (``MAY_BE_OFF``:
+  ``mode=plan`` says so in one line, and a command that needs it is refused with exit 2).
 
-The fork's source was not found (only the Neuron documentation and the seed article, which
-uses ``torchtitan.config.CompileConfig``, ``torchtitan.models.qwen3.model_registry``,
-``torchtitan.trainer.Trainer`` and the transformers backend's ``TransformersBackendConfig`` as
-upstream 0.3 names them). The differences known are handled where they matter: the fork compiles
-``grad_clip`` (:func:`compiled_components`), and it still accepts ``attn_backend="sdpa"``, which
-upstream refuses; the project passes neither that nor anything else that differs (SDPA is set
-as the layers' inner attention, ``qwen3_trn.models.attention``), so it runs on both.
+Each adapter names the upstream change it bridges. On 0.3.0 every adapter takes the 0.3.0 path,
+so its numerics are unchanged. The fork's own changes are not public; the one the seed article
+shows (it compiles ``grad_clip``) is in :func:`compiled_components`.
 """
 
 # ruff: noqa: F401 - the names are imported here for the rest of the package
@@ -25,17 +24,16 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
+import json
 from pathlib import Path
+from typing import Any
 
-from qwen3_trn.errors import ConfigError
-
-# Config dataclass -> fields the project passes to it by name, added to upstream in 2026.
-FIELDS: dict[str, tuple[str, ...]] = {
-    "torchtitan.config.TrainingConfig": ("disable_cuda_graphs",),
-}
+from qwen3_trn.errors import ConfigError, NotApplicable, first_line
 
 # The components upstream torchtitan 0.3 compiles when they are in ``compile.components``:
 # "model" (models/*/parallelize.py) and "loss" (components/loss.py). Other names are accepted
@@ -56,9 +54,10 @@ class TorchtitanMismatch(ConfigError):
         super().__init__(
             "torchtitan",
             f"the installed torchtitan {version} lacks {', '.join(missing)}, which this project uses "
-            "(it is written against upstream torchtitan 0.3.0). On trn2 the `torchtitan` package comes from "
-            "torchtitan-neuron's fork (its `pip install -e .` provides it); install a torchtitan-neuron release "
-            "that has these names, or upstream torchtitan==0.3.0 where the Neuron fork is not needed" + first_error + ".",
+            "(it runs on upstream torchtitan 0.3.0 and on upstream main from 2026-04-17 on, which AWS's "
+            "torchtitan-neuron 0.2.2+neuron.1 is cut from; PyPI's torchtitan 0.2.2 is the older TOML system). "
+            "Install upstream torchtitan==0.3.0, or on trn2 AWS's torchtitan-neuron (its `pip install -e .` "
+            "provides torchtitan)" + first_error + ".",
         )
 
 
@@ -75,17 +74,36 @@ def _distribution_version(name: str) -> str | None:
         return None
 
 
+def _distribution_package_dir(name: str) -> Path | None:
+    """Where distribution ``name`` keeps the ``torchtitan`` package: its editable checkout (``pip
+    install -e .``, as AWS installs torchtitan-neuron) or its site-packages folder."""
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    direct_url = dist.read_text("direct_url.json")
+    if direct_url:
+        info = json.loads(direct_url)
+        if info.get("dir_info", {}).get("editable") and info.get("url", "").startswith("file://"):
+            return Path(info["url"][len("file://") :]) / "torchtitan"
+    return Path(str(dist.locate_file("torchtitan")))
+
+
+@functools.cache
 def torchtitan_version() -> str:
-    """The installed torchtitan's version (``torchtitan.__version__`` when it is not installed as a
-    distribution of its own), and torchtitan-neuron's where that is installed (it provides torchtitan)."""
-    version = _distribution_version("torchtitan")
-    if version is None:
-        try:
-            version = str(getattr(importlib.import_module("torchtitan"), "__version__", "(unknown version)"))
-        except ImportError:
-            version = "(not installed)"
-    fork = _distribution_version("torchtitan-neuron")
-    return f"{version} (torchtitan-neuron {fork})" if fork else version
+    """The version of the torchtitan this process imports (``torchtitan-neuron X`` where that
+    distribution provides it), or where it comes from when no installed distribution does (a
+    checkout first on PYTHONPATH)."""
+    spec = importlib.util.find_spec("torchtitan")
+    if spec is None or spec.origin is None:
+        return "(not installed)"
+    imported = Path(spec.origin).resolve().parent
+    for name in ("torchtitan-neuron", "torchtitan"):
+        folder = _distribution_package_dir(name)
+        if folder is not None and folder.resolve() == imported:
+            version = _distribution_version(name)
+            return f"{version} (torchtitan-neuron)" if name == "torchtitan-neuron" else str(version)
+    return f"from {imported.parent} (no installed distribution)"
 
 
 def imported_names(source: str) -> list[tuple[str, str]]:
@@ -113,23 +131,10 @@ def _has(module: str, name: str) -> bool:
     return True
 
 
-def _missing_fields() -> list[str]:
-    missing = []
-    for path, names in FIELDS.items():
-        module, _, name = path.rpartition(".")
-        if not _has(module, name):
-            continue  # reported as a missing name
-        config = getattr(importlib.import_module(module), name)
-        present = {field.name for field in dataclasses.fields(config)}
-        missing += [f"{path}.{field}" for field in names if field not in present]
-    return missing
-
-
 def missing_names(source: str | None = None) -> list[str]:
-    """The dotted torchtitan names (and ``FIELDS``) this module's imports need that are missing."""
+    """The dotted torchtitan names this module's required imports need that are missing."""
     source = Path(__file__).read_text() if source is None else source
-    missing = [f"{module}.{name}" for module, name in imported_names(source) if not _has(module, name)]
-    return missing + _missing_fields()
+    return [f"{module}.{name}" for module, name in imported_names(source) if not _has(module, name)]
 
 
 def check_torchtitan(cause: ImportError | None = None) -> None:
@@ -142,33 +147,14 @@ def check_torchtitan(cause: ImportError | None = None) -> None:
 
 try:
     from torchtitan.components.checkpoint import MODEL, AsyncMode, CheckpointManager
-    from torchtitan.components.loss import BaseLoss, ChunkedLossWrapper, CrossEntropyLoss
     from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor, _get_metrics_rank
-    from torchtitan.components.optimizer import (
-        LRSchedulersContainer,
-        OptimizersContainer,
-        ParamGroupConfig,
-        register_moe_load_balancing_hook,
-    )
+    from torchtitan.components.optimizer import OptimizersContainer, ParamGroupConfig, register_moe_load_balancing_hook
     from torchtitan.components.validate import Validator
     from torchtitan.config import TORCH_DTYPE_MAP, CompileConfig, ParallelismConfig, TrainingConfig
     from torchtitan.config.configs import DebugConfig
     from torchtitan.distributed import utils as dist_utils
-    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
-    from torchtitan.distributed.pipeline_parallel import (
-        _generate_llm_fqn_per_model_part,
-        _get_pipeline_metadata,
-        _get_pp_rank_to_stage_indices_mapping,
-    )
-    from torchtitan.experiments.transformers_modeling_backend import HFTransformerModel, TitanModelConfig, TitanMoeModelConfig
-    from torchtitan.experiments.transformers_modeling_backend.configs import TransformersBackendConfig
-    from torchtitan.experiments.transformers_modeling_backend.parallelize import parallelize_hf_transformers
-    from torchtitan.experiments.transformers_modeling_backend.pipeline import pipeline_hf_transformers
-    from torchtitan.experiments.transformers_modeling_backend.state_dict_adapter import HFTransformerStateDictAdapter
-    from torchtitan.experiments.transformers_modeling_backend.trainer import HFTransformerTrainer
     from torchtitan.hf_datasets import DatasetConfig
     from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataLoader
-    from torchtitan.models.common import CosSinRoPE
     from torchtitan.models.common.attention import ScaledDotProductAttention
     from torchtitan.models.common.config_utils import get_attention_config
     from torchtitan.models.common.moe import GroupedExperts, MoE
@@ -181,12 +167,10 @@ try:
         _build_qwen3_layers,
         _build_qwen3_moe_layers,
         _qwen3_norm,
-        _residual_output_weight_init,
         model_registry,
         qwen3_configs,
     )
     from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
-    from torchtitan.protocols.model import ModelConfigConverter
     from torchtitan.protocols.model_spec import ModelSpec
     from torchtitan.protocols.module import Module
     from torchtitan.tools.logging import logger
@@ -195,4 +179,341 @@ try:
 except ImportError as exc:
     check_torchtitan(cause=exc)
     raise
-check_torchtitan()  # the fields, once every name imported
+
+
+@dataclasses.dataclass(frozen=True)
+class Feature:
+    """Names upstream torchtitan added within the supported range, looked up together."""
+
+    name: str
+    added: str
+    """When upstream added them: the version window they are missing from."""
+    without: str
+    """What a run does where they are missing (one clause, for ``mode=plan``)."""
+    names: dict[str, object]
+    missing: tuple[str, ...]
+    error: str | None = None
+    key: str = "torchtitan"
+    """The config key a command that needs the feature is refused on."""
+    """Why importing them failed, where a module of theirs does not import at all."""
+
+    @property
+    def available(self) -> bool:
+        return not self.missing and self.error is None
+
+    def __getitem__(self, name: str) -> Any:
+        """The name, or where it is missing a stand-in that the project's modules can subclass
+        and that raises ``refusal()`` when built or called."""
+        if name in self.names:
+            return self.names[name]
+        feature = self
+
+        def refuse(*args: Any, **kwargs: Any) -> None:
+            raise feature.refusal()
+
+        return type(name, (), {"__init__": refuse, "__doc__": f"torchtitan's {name}, missing here: {self.name} is off."})
+
+    def lacking(self) -> str:
+        """What this torchtitan lacks of the feature: the names, and a module of it that fails to import."""
+        parts = [", ".join(self.missing)] if self.missing else []
+        if self.error:
+            parts.append(f"a working import ({self.error})")
+        return " and ".join(parts)
+
+    def describe(self) -> str:
+        """One line for ``mode=plan``."""
+        return f"{self.name}: this torchtitan lacks {self.lacking()} (upstream added it {self.added}); {self.without}."
+
+    def refusal(self) -> ConfigError:
+        """The error of a command that needs the feature (``NotApplicable``: a sweep over modes skips it)."""
+        return NotApplicable(
+            self.key,
+            f"{self.name} cannot run on torchtitan {torchtitan_version()}: it lacks {self.lacking()} "
+            f"(upstream added it {self.added}); {self.without}.",
+        )
+
+
+def _has_module_file(module: str) -> bool:
+    """Whether torchtitan's source has ``module`` (found without importing it or its packages)."""
+    spec = importlib.util.find_spec("torchtitan")
+    path = Path(spec.origin).parent.joinpath(*module.split(".")[1:])
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _feature(name: str, added: str, without: str, *imports: tuple[str, str], key: str = "torchtitan") -> Feature:
+    names, missing, error = {}, [], None
+    for module, attr in imports:
+        try:
+            found = importlib.import_module(module)
+        except ImportError:
+            missing.append(f"{module}.{attr}")
+            continue
+        except Exception as exc:  # a module of that torchtitan fails at import (e.g. with a newer transformers)
+            error = error or f"importing {module} raises {type(exc).__name__}: {first_line(exc)}"
+            if not _has_module_file(module):
+                missing.append(f"{module}.{attr}")
+            continue
+        if hasattr(found, attr):
+            names[attr] = getattr(found, attr)
+        else:
+            missing.append(f"{module}.{attr}")
+    return Feature(name, added, without, names, tuple(missing), error, key)
+
+
+def _has_field(config: type, field: str) -> bool:
+    return field in {f.name for f in dataclasses.fields(config)}
+
+
+def _field_feature(name: str, added: str, without: str, config: type, field: str) -> Feature:
+    return Feature(name, added, without, {}, () if _has_field(config, field) else (f"{config.__module__}.{config.__qualname__}.{field}",))
+
+
+def _attention_layer_config() -> type:
+    return type(qwen3_configs["debugmodel"](attn_backend="flex").layers[0].attention)
+
+
+# Adapters to the torchtitan installed. The product is written against upstream 0.3.0; AWS's
+# torchtitan-neuron 0.2.2+neuron.1 is upstream main of 2026-04..06 plus Neuron changes, so every
+# name upstream added after 7cec16600 (2026-04-17) is looked up here, and each caller takes the
+# 0.3.0 path where it is present and the older one where it is not (detected by feature, not by
+# version string). ``OFF`` lists the features a run loses on an older torchtitan.
+CHUNKED_LOSS = _feature(
+    "chunked loss",
+    "2026-06-26",
+    "the cross-entropy loss is computed on the whole output at once",
+    ("torchtitan.components.loss", "ChunkedLossWrapper"),
+)
+LOSS_CONFIGS = _feature(
+    "loss configs",
+    "2026-04-27",
+    "the model spec's cross-entropy (ModelSpec.build_loss_fn) is used",
+    ("torchtitan.components.loss", "BaseLoss"),
+    ("torchtitan.components.loss", "CrossEntropyLoss"),
+)
+AC_CONFIGS = _feature(
+    "activation checkpointing classes",
+    "2026-06-15",
+    "ActivationCheckpointConfig(mode=...) is set instead",
+    ("torchtitan.distributed.activation_checkpoint", "FullAC"),
+    ("torchtitan.distributed.activation_checkpoint", "SelectiveAC"),
+)
+LAYER_ROPE = _feature(
+    "per-layer rope",
+    "2026-06-05",
+    "the model-level rope config is set instead",
+    ("torchtitan.models.common", "CosSinRoPE"),
+)
+_LAYER_MASK_TYPE = _field_feature("", "", "", _attention_layer_config(), "mask_type")
+# the activation checkpointing config before AC_CONFIGS
+_AC_MODE_CONFIG = _feature("", "", "", ("torchtitan.config.configs", "ActivationCheckpointConfig"))
+CONFIG_CONVERTERS = _feature(
+    "model config converters",
+    "2026-05-08",
+    "the project's converters are applied to the model config directly",
+    ("torchtitan.protocols.model", "ModelConfigConverter"),
+)
+PIPELINE_STAGES = _feature(
+    "pipeline-parallel planning",
+    "2026-05-04",
+    "parallelism.pp > 1 is refused",
+    ("torchtitan.distributed.pipeline_parallel", "_generate_llm_fqn_per_model_part"),
+    ("torchtitan.distributed.pipeline_parallel", "_get_pipeline_metadata"),
+    ("torchtitan.distributed.pipeline_parallel", "_get_pp_rank_to_stage_indices_mapping"),
+    key="parallelism.pp",
+)
+CUDA_GRAPHS_FLAG = _field_feature(
+    "TrainingConfig.disable_cuda_graphs",
+    "2026-08-13",
+    "torchtitan replays no CUDA graphs and frees gradients as before",
+    TrainingConfig,
+    "disable_cuda_graphs",
+)
+TRANSFORMERS_BACKEND = _feature(
+    "backend=hf_v5",
+    "from 2026-06-29 to 2026-08-12",
+    "use backend=native (the same Qwen3 in torchtitan's own modeling) or upstream torchtitan 0.3.0",
+    ("torchtitan.experiments.transformers_modeling_backend", "HFTransformerModel"),
+    ("torchtitan.experiments.transformers_modeling_backend", "TitanModelConfig"),
+    ("torchtitan.experiments.transformers_modeling_backend", "TitanMoeModelConfig"),
+    ("torchtitan.experiments.transformers_modeling_backend.configs", "TransformersBackendConfig"),
+    ("torchtitan.experiments.transformers_modeling_backend.parallelize", "parallelize_hf_transformers"),
+    ("torchtitan.experiments.transformers_modeling_backend.pipeline", "pipeline_hf_transformers"),
+    ("torchtitan.experiments.transformers_modeling_backend.state_dict_adapter", "HFTransformerStateDictAdapter"),
+    ("torchtitan.experiments.transformers_modeling_backend.trainer", "HFTransformerTrainer"),
+    ("torchtitan.models.qwen3", "_residual_output_weight_init"),
+    key="backend",
+)
+
+# torchtitan 0.3 moved the LR scheduler into components.optimizer (2026-08-17).
+try:
+    from torchtitan.components.optimizer import LRSchedulersContainer
+except ImportError:
+    from torchtitan.components.lr_scheduler import LRSchedulersContainer
+
+ChunkedLossWrapper = CHUNKED_LOSS["ChunkedLossWrapper"]
+BaseLoss, CrossEntropyLoss = LOSS_CONFIGS["BaseLoss"], LOSS_CONFIGS["CrossEntropyLoss"]
+CosSinRoPE = LAYER_ROPE["CosSinRoPE"]
+_generate_llm_fqn_per_model_part = PIPELINE_STAGES["_generate_llm_fqn_per_model_part"]
+_get_pipeline_metadata = PIPELINE_STAGES["_get_pipeline_metadata"]
+_get_pp_rank_to_stage_indices_mapping = PIPELINE_STAGES["_get_pp_rank_to_stage_indices_mapping"]
+HFTransformerModel = TRANSFORMERS_BACKEND["HFTransformerModel"]
+TitanModelConfig = TRANSFORMERS_BACKEND["TitanModelConfig"]
+TitanMoeModelConfig = TRANSFORMERS_BACKEND["TitanMoeModelConfig"]
+TransformersBackendConfig = TRANSFORMERS_BACKEND["TransformersBackendConfig"]
+parallelize_hf_transformers = TRANSFORMERS_BACKEND["parallelize_hf_transformers"]
+pipeline_hf_transformers = TRANSFORMERS_BACKEND["pipeline_hf_transformers"]
+HFTransformerStateDictAdapter = TRANSFORMERS_BACKEND["HFTransformerStateDictAdapter"]
+HFTransformerTrainer = TRANSFORMERS_BACKEND["HFTransformerTrainer"]
+_residual_output_weight_init = TRANSFORMERS_BACKEND["_residual_output_weight_init"]
+
+
+if CONFIG_CONVERTERS.available:
+    ModelConfigConverter = CONFIG_CONVERTERS["ModelConfigConverter"]
+else:
+    from torchtitan.config import Configurable
+
+    class ModelConfigConverter(Configurable):
+        """What torchtitan 0.3's ``ModelConfigConverter`` is (a Configurable whose ``convert``
+        returns a new model config), for a torchtitan that predates it: the project applies its
+        converters to the model config itself (``qwen3_trn.models.qwen3.native_model_spec``)."""
+
+        @dataclasses.dataclass(kw_only=True, slots=True)
+        class Config(Configurable.Config):
+            pass
+
+        def convert(self, model_config: Module.Config) -> Module.Config:
+            raise NotImplementedError
+
+
+def nested_configs(root: Any, config_cls: type, prefix: str = "") -> Any:
+    """``(fqn, config, parent, attr)`` of every ``config_cls`` in a config tree: torchtitan's
+    ``Configurable.Config.traverse`` (2026-04-27 on), or the same walk over dataclass fields and
+    lists before it."""
+    if hasattr(root, "traverse"):
+        yield from root.traverse(config_cls)
+        return
+    for field in dataclasses.fields(root):
+        value, fqn = getattr(root, field.name), f"{prefix}{field.name}"
+        items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
+        for index, item in items:
+            item_fqn = fqn if index is None else f"{fqn}.{index}"
+            if isinstance(item, config_cls):
+                yield item_fqn, item, (root if index is None else value), (field.name if index is None else index)
+            elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+                yield from nested_configs(item, config_cls, f"{item_fqn}.")
+
+
+def expert_weights(experts: GroupedExperts) -> tuple[Any, Any, Any]:
+    """The experts' ``w1``, ``w2``, ``w3`` [E, F, D], [E, D, F], [E, F, D] (named with shape
+    suffixes, ``w1_EFD``..., from 2026-05-27; ``w1``... before)."""
+    if hasattr(experts, "w1_EFD"):
+        return experts.w1_EFD, experts.w2_EDF, experts.w3_EFD
+    return experts.w1, experts.w2, experts.w3
+
+
+# "standard" token dispatch: local without expert parallelism, all-to-all with it (0.3 and main
+# from 2026-04-28). Before, the MoE layer builder's default (None) built local dispatchers only and
+# "standard" always built all-to-all ones, so expert parallelism is off there.
+_DISPATCH_CHOSEN_AT_PARALLELIZE = (
+    inspect.signature(_build_qwen3_moe_layers).parameters["moe_comm_backend"].default is inspect.Parameter.empty
+)
+EXPERT_PARALLEL = Feature(
+    "expert parallelism",
+    "2026-04-28",
+    "parallelism.ep > 1 is refused (experts are not sharded over ranks)",
+    {},
+    () if _DISPATCH_CHOSEN_AT_PARALLELIZE else ("a MoE layer builder that chooses the token dispatcher when parallelizing",),
+    key="parallelism.ep",
+)
+
+
+# What a run can lose on an older torchtitan; the other features above have an older path that
+# trains the same way.
+MAY_BE_OFF = (CHUNKED_LOSS, PIPELINE_STAGES, EXPERT_PARALLEL, TRANSFORMERS_BACKEND)
+
+
+def features_off() -> list[Feature]:
+    return [feature for feature in MAY_BE_OFF if not feature.available]
+
+
+def moe_dispatch_args() -> dict[str, str]:
+    """The token-dispatch keyword of ``_build_qwen3_moe_layers`` (see ``EXPERT_PARALLEL``)."""
+    return {"moe_comm_backend": "standard"} if _DISPATCH_CHOSEN_AT_PARALLELIZE else {}
+
+
+# The expert MLP's math alone, on routed rows: ``GroupedExperts.forward`` in 0.3; before, forward
+# also dispatched and combined the tokens and called ``_experts_forward`` for the math.
+EXPERT_MATH = "_experts_forward" if hasattr(GroupedExperts, "_experts_forward") else "forward"
+
+
+def grouped_experts_math(experts: GroupedExperts, x_RD: Any, num_tokens_per_expert_E: Any) -> Any:
+    """``GroupedExperts``' own expert math (for subclasses that prepare its inputs)."""
+    return getattr(GroupedExperts, EXPERT_MATH)(experts, x_RD, num_tokens_per_expert_E)
+
+
+def replaces_expert_math(cls: type) -> type:
+    """Class decorator for a ``GroupedExperts`` subclass: its ``expert_math(x_RD,
+    num_tokens_per_expert_E)`` becomes the method this torchtitan calls for the math."""
+    setattr(cls, EXPERT_MATH, cls.expert_math)
+    return cls
+
+
+def attention_config(name: str) -> Module.Config:
+    """The inner attention config of ``name`` (before 0.3 ``get_attention_config`` returned it with
+    its mask type, which ``attention_mask_type`` gives)."""
+    if name == "sdpa":
+        return ScaledDotProductAttention.Config()
+    found = get_attention_config(name)
+    return found[0] if isinstance(found, tuple) else found
+
+
+def attention_mask_type(inner_attention: Module.Config) -> str | None:
+    """The ``mask_type`` attention layers held beside their inner attention before 0.3 (0.3 reads
+    it from the inner attention: None)."""
+    if not _LAYER_MASK_TYPE.available:
+        return None
+    return "causal" if isinstance(inner_attention, ScaledDotProductAttention.Config) else "block_causal"
+
+
+def loss_config(vocab_size: int) -> object | None:
+    """``Trainer.Config.loss``: chunked cross-entropy (0.3.0), plain cross-entropy (before
+    2026-06-26), or None where the model spec's ``build_loss_fn`` is the loss (before 2026-04-27)."""
+    if not LOSS_CONFIGS.available:
+        return None
+    # global_vocab_size (0.3): the unpadded vocabulary of tensor-parallel loss
+    loss = CrossEntropyLoss.Config(
+        **({"global_vocab_size": vocab_size} if _has_field(CrossEntropyLoss.Config, "global_vocab_size") else {})
+    )
+    return ChunkedLossWrapper.Config(loss_fn=loss) if CHUNKED_LOSS.available else loss
+
+
+def activation_checkpoint_config(mode: str) -> object | None:
+    """``Trainer.Config.activation_checkpoint`` for ``none``/``selective``/``full``."""
+    if AC_CONFIGS.available:
+        return None if mode == "none" else AC_CONFIGS["SelectiveAC" if mode == "selective" else "FullAC"].Config()
+    # Before 2026-06-15 one dataclass held the mode; its default is "selective", not off.
+    return _AC_MODE_CONFIG["ActivationCheckpointConfig"](mode=mode)
+
+
+def optimizer_config(name: str, lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> OptimizersContainer.Config:
+    """One AdamW/Adam for every parameter. 0.3 names the optimizer and its arguments per parameter
+    group (2026-06-04); before, ``OptimizersContainer.Config`` held them."""
+    kwargs = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+    if _has_field(ParamGroupConfig, "optimizer_kwargs"):
+        return OptimizersContainer.Config(param_groups=[ParamGroupConfig(pattern=r".*", optimizer_name=name, optimizer_kwargs=kwargs)])
+    return OptimizersContainer.Config(
+        name=name, lr=lr, beta1=betas[0], beta2=betas[1], eps=eps, weight_decay=weight_decay, implementation="foreach"
+    )
+
+
+def training_config(**fields: object) -> TrainingConfig:
+    """``TrainingConfig`` of the fields this torchtitan has (``disable_cuda_graphs``: 2026-08-13)."""
+    if not CUDA_GRAPHS_FLAG.available:
+        fields.pop("disable_cuda_graphs")
+    return TrainingConfig(**fields)
+
+
+def grads_set_to_none(training: TrainingConfig) -> bool:
+    """Whether the optimizer frees gradients between steps: 0.3 keeps them for CUDA-graph replay
+    unless ``disable_cuda_graphs``; before that flag, torchtitan always freed them."""
+    return getattr(training, "disable_cuda_graphs", True)

@@ -56,10 +56,7 @@ runpy.run_module("qwen3_trn", run_name="__main__", alter_sys=True)
 @pytest.mark.slow
 def test_missing_torchtitan_names_are_one_error_before_anything_starts(tmp_path):
     modules = sorted({module for module, _ in titan.imported_names(Path(titan.__file__).read_text())})
-    removed = [
-        ("torchtitan.components.loss", "ChunkedLossWrapper"),
-        ("torchtitan.experiments.transformers_modeling_backend.trainer", "HFTransformerTrainer"),
-    ]
+    removed = [("torchtitan.components.validate", "Validator"), ("torchtitan.models.qwen3", "model_registry")]
     code = CHILD.format(modules=modules, removed=removed, run_dir=tmp_path / "run")
     done = subprocess.run(
         [sys.executable, "-c", code],
@@ -73,22 +70,45 @@ def test_missing_torchtitan_names_are_one_error_before_anything_starts(tmp_path)
     error = done.stderr.strip()
     assert "Traceback" not in error
     assert error.startswith("error: torchtitan: the installed torchtitan 0.3.0 lacks ")
-    assert (
-        "torchtitan.components.loss.ChunkedLossWrapper, torchtitan.experiments.transformers_modeling_backend.trainer.HFTransformerTrainer"
-        in error
-    )
+    assert "lacks torchtitan.components.validate.Validator, torchtitan.models.qwen3.model_registry, which this project uses" in error
     assert "torchtitan-neuron" in error
     assert not (tmp_path / "run").exists()
 
 
-def test_a_missing_module_or_field_is_named(monkeypatch):
+def test_a_missing_module_or_name_is_named():
     source = "try:\n    from torchtitan.no_such_module import Thing\n    from torchtitan.trainer import Trainer, NoSuchName\nexcept ImportError:\n    pass\n"
     assert titan.missing_names(source) == ["torchtitan.no_such_module.Thing", "torchtitan.trainer.NoSuchName"]
-    monkeypatch.setitem(titan.FIELDS, "torchtitan.config.TrainingConfig", ("disable_cuda_graphs", "no_such_field"))
-    with pytest.raises(titan.TorchtitanMismatch) as info:
-        titan.check_torchtitan()
-    assert info.value.missing == ["torchtitan.config.TrainingConfig.no_such_field"]
-    assert info.value.key == "torchtitan" and info.value.version == "0.3.0"
+
+
+def test_a_feature_this_torchtitan_lacks_is_off_with_its_reason():
+    feature = titan._feature(
+        "a later feature",
+        "2026-09-01",
+        "the run does without it",
+        ("torchtitan.trainer", "Trainer"),
+        ("torchtitan.trainer", "NoSuchName"),
+        ("torchtitan.no_such_module", "Thing"),
+        key="training.something",
+    )
+    assert not feature.available
+    assert feature["Trainer"] is titan.Trainer
+    assert feature.describe() == (
+        "a later feature: this torchtitan lacks torchtitan.trainer.NoSuchName, torchtitan.no_such_module.Thing "
+        "(upstream added it 2026-09-01); the run does without it."
+    )
+    # the project's modules subclass a missing class; building one is the feature's refusal
+    stand_in = feature["NoSuchName"]
+    subclass = type("Sub", (stand_in,), {})
+    with pytest.raises(titan.ConfigError) as refused:
+        subclass()
+    assert refused.value.key == "training.something"
+    assert str(refused.value).startswith("training.something: a later feature cannot run on torchtitan 0.3.0: it lacks ")
+
+
+def test_torchtitan_0_3_has_every_feature():
+    assert titan.features_off() == []
+    assert titan.EXPERT_MATH == "forward"
+    assert titan.torchtitan_version() == "0.3.0"
 
 
 def test_a_compile_component_torchtitan_ignores_is_one_warning_line(run_dir):

@@ -26,7 +26,7 @@ from qwen3_trn.kernels.layouts import blockwise_routing, hidden_with_padding_row
 from qwen3_trn.kernels.moe import GROUPED_MM_TOKEN_ALIGNMENT
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.qwen3 import init_fields, replace_grouped_experts
-from qwen3_trn.titan import GroupedExperts, ModelConfigConverter, Module
+from qwen3_trn.titan import GroupedExperts, ModelConfigConverter, Module, grouped_experts_math, replaces_expert_math
 
 __all__ = ["AlignedGroupedExperts", "TokenGroupAlignment", "align_token_groups", "moe_token_groups", "token_group_alignment"]
 
@@ -47,6 +47,7 @@ def moe_token_groups(arch: Qwen3Architecture, device: DeviceSpec) -> dict[str, s
     }
 
 
+@replaces_expert_math
 class AlignedGroupedExperts(GroupedExperts):
     """``GroupedExperts`` whose grouped matmuls see token groups of a multiple of
     ``token_group_alignment`` rows each."""
@@ -59,10 +60,10 @@ class AlignedGroupedExperts(GroupedExperts):
         super().__init__(config)
         self.token_group_alignment = config.token_group_alignment
 
-    def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
+    def expert_math(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
         routing = blockwise_routing(num_tokens_per_expert_E, num_rows=x_RD.shape[0], block_size=self.token_group_alignment)
         x_blocks = hidden_with_padding_row(x_RD).index_select(0, routing.token_position_to_id)
-        out_blocks = super().forward(x_blocks, padded_group_sizes(routing, num_tokens_per_expert_E.shape[0]))
+        out_blocks = grouped_experts_math(self, x_blocks, padded_group_sizes(routing, num_tokens_per_expert_E.shape[0]))
         return rows_from_blocks(out_blocks, routing)
 
 

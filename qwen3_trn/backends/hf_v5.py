@@ -32,6 +32,7 @@ from qwen3_trn.models.hf_config import (
     write_hf_config_dir,
 )
 from qwen3_trn.titan import (
+    TRANSFORMERS_BACKEND,
     HFTransformerModel,
     ModelSpec,
     TitanModelConfig,
@@ -226,6 +227,8 @@ class HfV5Backend(Backend):
         return {"hf_model": hf_config_dir(cfg)}
 
     def validate(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> None:
+        if not TRANSFORMERS_BACKEND.available:
+            raise TRANSFORMERS_BACKEND.refusal()
         impl = self.config.hf_experts_implementation
         if impl is not None:
             allowed = experts_implementations()

@@ -30,7 +30,7 @@ from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.attention import inner_attention_config, resolve_attention
 from qwen3_trn.models.qwen3 import native_model_spec
 from qwen3_trn.models.torchtitan_neuron import recipe, recipe_model_spec, unavailable_reason
-from qwen3_trn.titan import ModelSpec
+from qwen3_trn.titan import ModelSpec, expert_weights
 
 # backend.kernels: the model of torchtitan-neuron's own NKI MoE recipe (qwen3_trn.models.torchtitan_neuron),
 # which kernels=auto prefers on Neuron where torchtitan-neuron provides it.
@@ -156,7 +156,7 @@ class NkiMoeBackend(Backend):
         for part in parts:
             for module in part.modules():
                 if isinstance(module, KernelGroupedExperts):
-                    weight = local_tensor(module.w1_EFD)
+                    weight = local_tensor(expert_weights(module)[0])
                     experts, hidden_dim, dim = weight.shape
                     kernels.add(resolved_kernel_name(module.kernel, device_type, dim=dim, hidden_dim=hidden_dim, num_experts=experts))
         return {"kernel": ",".join(sorted(kernels))} if kernels else {}

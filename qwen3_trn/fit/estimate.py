@@ -31,7 +31,7 @@ from qwen3_trn.fit.probe import ActivationProfile, activation_profile
 from qwen3_trn.layout import Layout
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.qwen3 import build_model_config
-from qwen3_trn.titan import ScaledDotProductAttention, Trainer
+from qwen3_trn.titan import ScaledDotProductAttention, Trainer, grads_set_to_none
 
 # Below this share of the budget, or above it with no activations at all, the closed form
 # cannot change the answer and the probe is skipped (train mode: the default run stays fast).
@@ -80,7 +80,7 @@ class StepModel:
             parallelism.pp_microbatch_size,
             parallelism.fsdp_reshard_after_forward,
             global_batch=training.global_batch_size,
-            grads_set_to_none=self.trainer_config.training.disable_cuda_graphs,
+            grads_set_to_none=grads_set_to_none(self.trainer_config.training),
             device_type=self.device_type,
         )
 

@@ -39,7 +39,7 @@ from qwen3_trn.fit.memory import MemoryEstimate
 from qwen3_trn.fit.trackers import by_category, for_torchtitan_step
 from qwen3_trn.layout import Layout
 from qwen3_trn.local_tensors import local_tensor
-from qwen3_trn.titan import dist_utils
+from qwen3_trn.titan import dist_utils, grads_set_to_none
 
 # Deeper models are measured at these two depths (x the pipeline degree) and extrapolated.
 CUT_DEPTHS = (2, 3)
@@ -186,7 +186,7 @@ def _track(cfg: RunConfig, layout: Layout) -> TrackedStep:
     started = time.perf_counter()
     with fake_trainer(cfg, layout) as trainer:
         microbatches = _batches(trainer, trainer.num_pipeline_parallel_microbatches)
-        set_to_none = trainer.config.training.disable_cuda_graphs
+        set_to_none = grads_set_to_none(trainer.config.training)
         # The first step creates the optimizer states, untracked: under FakeTensorMode the
         # tracker books phantom temporaries to that first optimizer step (a real run measured
         # with the same tracker, and torch's profiler, show none; see docs/fit.md).

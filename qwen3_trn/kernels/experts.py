@@ -15,7 +15,7 @@ import torch
 
 from qwen3_trn.local_tensors import local_tensor
 from qwen3_trn.models.qwen3 import init_fields, replace_grouped_experts
-from qwen3_trn.titan import GroupedExperts, ModelConfigConverter, Module
+from qwen3_trn.titan import GroupedExperts, ModelConfigConverter, Module, expert_weights, replaces_expert_math
 
 from . import nki_moe  # noqa: F401  (registers the nki kernel; imports no Neuron module)
 from .moe import moe_problem
@@ -51,6 +51,7 @@ def resolved_kernel_name(
     return select_kernel(kernel, device_type, problem).name
 
 
+@replaces_expert_math
 class KernelGroupedExperts(GroupedExperts):
     """``GroupedExperts`` whose expert MLP runs the ``moe_swiglu_experts`` kernel ``config.kernel``.
 
@@ -73,9 +74,9 @@ class KernelGroupedExperts(GroupedExperts):
         validate_request(config.kernel)
         self.kernel = config.kernel
 
-    def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
+    def expert_math(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
         # Under EP/TP the local shards are what the kernel sees (as in GroupedExperts).
-        w1_EFD, w2_EDF, w3_EFD = (local_tensor(w) for w in (self.w1_EFD, self.w2_EDF, self.w3_EFD))
+        w1_EFD, w2_EDF, w3_EFD = (local_tensor(w) for w in expert_weights(self))
         experts, hidden_dim, dim = w1_EFD.shape
         problem = moe_problem(dim=dim, hidden_dim=hidden_dim, num_experts=experts)
         op = resolve_op(self.kernel, x_RD.device.type, problem)

@@ -61,6 +61,9 @@ class ArchitectureField:
     of_titan: Callable[[Any], Any] | None = None
     """The number, from what the ``titan`` path holds when that is not the number itself."""
 
+    titan_older: tuple[str, ...] = ()
+    """Where torchtitan main before 0.3 holds it, when ``titan`` is not there (the supported range)."""
+
     hf_older: tuple[str, ...] = ()
     """Older spellings of the HF key: read when ``hf`` is absent, dropped when it is written."""
 
@@ -68,10 +71,17 @@ class ArchitectureField:
     """The value when an HF config has none of its keys (a callable gets the numbers read so far); None: required."""
 
     def read_titan(self, config: Qwen3Model.Config) -> Any:
-        value: Any = config
-        for part in self.titan.split("."):
-            value = value[int(part)] if part.isdigit() else getattr(value, part)
-        return self.of_titan(value) if self.of_titan else value
+        for path in (self.titan, *self.titan_older):
+            value: Any = config
+            for part in path.split("."):
+                value = value[int(part)] if part.isdigit() else getattr(value, part, None)
+                if value is None:
+                    break
+            else:
+                return self.of_titan(value) if self.of_titan else value
+        raise AttributeError(
+            f"no {self.name} at {' or '.join((self.titan, *self.titan_older))} of torchtitan's {type(config).__qualname__}"
+        )
 
 
 FIELDS: tuple[ArchitectureField, ...] = (
@@ -86,7 +96,13 @@ FIELDS: tuple[ArchitectureField, ...] = (
     ),
     ArchitectureField("vocab_size", int, "vocab_size", ("model.vocab_size",), "vocab_size"),
     ArchitectureField(
-        "max_seq_len", int, "layers.0.attention.rope.max_seq_len", ("rope.max_seq_len",), "max_position_embeddings", hf_default=4096
+        "max_seq_len",
+        int,
+        "layers.0.attention.rope.max_seq_len",
+        ("rope.max_seq_len",),
+        "max_position_embeddings",
+        titan_older=("rope.max_seq_len",),
+        hf_default=4096,
     ),
     ArchitectureField(
         "rope_theta",
@@ -94,6 +110,7 @@ FIELDS: tuple[ArchitectureField, ...] = (
         "layers.0.attention.rope.theta",
         ("rope.theta",),
         "rope_parameters.rope_theta",
+        titan_older=("rope.theta",),
         hf_older=("rope_scaling.rope_theta", "rope_theta"),
         hf_default=10000.0,
     ),
@@ -108,7 +125,13 @@ FIELDS: tuple[ArchitectureField, ...] = (
     ),
     ArchitectureField("top_k", int, "layers.0.moe.router.top_k", (LAYERS,), "num_experts_per_tok", kind="moe"),
     ArchitectureField(
-        "moe_hidden_dim", int, "layers.0.moe.routed_experts.inner_experts.hidden_dim", (LAYERS,), "moe_intermediate_size", kind="moe"
+        "moe_hidden_dim",
+        int,
+        "layers.0.moe.routed_experts.inner_experts.hidden_dim",
+        (LAYERS,),
+        "moe_intermediate_size",
+        kind="moe",
+        titan_older=("layers.0.moe.experts.hidden_dim",),
     ),
 )
 

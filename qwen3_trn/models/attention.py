@@ -9,7 +9,7 @@ the trainer then builds no masks and attention spans document boundaries in a pa
 from __future__ import annotations
 
 from qwen3_trn.errors import ConfigError
-from qwen3_trn.titan import Module, ScaledDotProductAttention, get_attention_config
+from qwen3_trn.titan import Module, attention_config
 
 ATTENTION_BACKENDS = ("sdpa", "flex", "flex_flash", "varlen")
 
@@ -22,6 +22,4 @@ def resolve_attention(requested: str, device_default: str) -> str:
 
 
 def inner_attention_config(name: str) -> Module.Config:
-    if name == "sdpa":
-        return ScaledDotProductAttention.Config()
-    return get_attention_config(name)
+    return attention_config(name)
