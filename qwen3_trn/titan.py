@@ -140,6 +140,12 @@ def missing_names(source: str | None = None) -> list[str]:
 def check_torchtitan(cause: ImportError | None = None) -> None:
     """Raise TorchtitanMismatch when anything this module imports is missing (``cause``: the
     import that failed, named in the message as it may be a dependency of torchtitan's)."""
+    if isinstance(cause, ModuleNotFoundError) and cause.name and cause.name.split(".")[0] not in ("torchtitan", "qwen3_trn"):
+        raise ConfigError(
+            "torchtitan",
+            f"torchtitan {torchtitan_version()} does not import: it needs the module '{cause.name}', which is not installed. "
+            "Install torchtitan's own requirements (AWS's torchtitan-neuron: `pip install -r requirements.txt` in its checkout).",
+        ) from cause
     missing = missing_names()
     if missing:
         raise TorchtitanMismatch(missing, torchtitan_version(), cause) from cause

@@ -52,6 +52,12 @@ build-backend = "setuptools.build_meta"
 name = "torchtitan"
 version = "{FORK_VERSION}"
 requires-python = ">=3.10"
+# upstream torchtitan's own dependencies at a9c5edc74 (its pyproject.toml): the fork's install
+# brings them (AWS's docs: `pip install -r requirements.txt && pip install -e .`)
+dependencies = [
+    "torchdata>=0.8.0", "datasets>=3.6.0", "tokenizers>=0.15.0", "safetensors", "fsspec", "tyro",
+    "tensorboard", "wandb", "einops", "pillow", "spmd_types==0.2.1",
+]
 
 [tool.setuptools.packages.find]
 include = ["torchtitan*"]
@@ -186,7 +192,7 @@ def neuron_venv(tmp_path_factory: pytest.TempPathFactory):
     python = str(venv / "bin" / "python")
     link_neuron_torch(work / "neuron-site", next((venv / "lib").glob("python*/site-packages")))
     fork = make_fork(work / "torchtitan-neuron")
-    run([python, "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(fork)])
+    run([python, "-m", "pip", "install", "--quiet", "-e", str(fork)])
     report = work / "report.json"
     run([python, "-m", "pip", "install", "--quiet", "--report", str(report), "-e", "."], cwd=REPO)  # as the docs say
     yield python, fork, json.loads(report.read_text())
@@ -225,3 +231,15 @@ def test_install_brings_what_the_package_imports(neuron_venv):
         "print(json.dumps(missing))\n"
     )
     assert json.loads(run([python, "-c", check, *modules]).stdout) == []
+
+
+def test_the_command_trains_on_the_fork(neuron_venv, tmp_path):
+    """The installed command on AWS's stack as the venv stands it in: it reports the fork's
+    version, says what is off there, and trains (qwen3_trn.titan adapts to the window)."""
+    python, _, _ = neuron_venv
+    plan = run([python, "-m", "qwen3_trn", "mode=plan", f"hydra.run.dir={tmp_path / 'plan'}"], cwd=tmp_path)
+    assert f"torchtitan: {FORK_VERSION}\n" in plan.stdout
+    assert "off here: chunked loss: " in plan.stdout
+    run([python, "-m", "qwen3_trn", "debug=smoke", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    assert len(losses) == 3 and losses[-1] < losses[0]

@@ -137,3 +137,10 @@ def test_torchtitan_neurons_fork_compiles_grad_clip(tmp_path, monkeypatch):
     assert compile_warning(cfg) is not None
     monkeypatch.syspath_prepend(str(tmp_path))
     assert titan.compiled_components() == ("model", "loss", "grad_clip") and compile_warning(cfg) is None
+
+
+def test_a_dependency_torchtitan_lacks_is_named_not_every_name():
+    with pytest.raises(titan.ConfigError) as info:
+        titan.check_torchtitan(cause=ModuleNotFoundError("No module named 'torchdata'", name="torchdata"))
+    assert not isinstance(info.value, titan.TorchtitanMismatch)
+    assert str(info.value).startswith("torchtitan: torchtitan 0.3.0 does not import: it needs the module 'torchdata', which is not installed.")
