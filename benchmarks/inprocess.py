@@ -26,9 +26,9 @@ from torchtitan.trainer import Trainer
 
 from qwen3_trn.app import to_run_config
 from qwen3_trn.config.schema import RunConfig
+from qwen3_trn.config.store import register_schema
 from qwen3_trn.convert import compute_dtype, to_trainer_config
 from qwen3_trn.devices import resolve_device
-from qwen3_trn.groups import register_schema
 from qwen3_trn.layout import resolve_layout
 
 __all__ = ["REPO", "single_rank_trainer_config"]

@@ -45,7 +45,7 @@ def _compose(overrides: list[str], out_dir: str):
     from hydra import compose, initialize_config_dir
 
     from qwen3_trn.app import to_run_config
-    from qwen3_trn.groups import register_schema
+    from qwen3_trn.config.store import register_schema
 
     register_schema()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):

@@ -1,9 +1,13 @@
 """``python -m qwen3_trn [group=option ...] [key=value ...]``: compose, check, launch.
 
-The exit status is the app's contract (``qwen3_trn.app.exit_status``): 0 done, 2 bad config or
-input, 1 a run that started and failed, 130 interrupted. Hydra reports its own composition
-errors and exits 1; here they are raised instead (``HYDRA_FULL_ERROR``) and reported like any
-other bad input, naming the key and the file.
+The exit status is the command's contract (``qwen3_trn.exits``): 0 done, 2 bad config or input,
+1 a run that started and failed, 130 interrupted. Hydra reports its own composition errors and
+exits 1; here they are raised instead (``HYDRA_FULL_ERROR``) and reported like any other bad
+input, naming the key and the file.
+
+Composing needs only Hydra and the typed schema (``qwen3_trn.config``): a typo, ``--help`` and
+``--cfg`` are answered before the run's modules (``qwen3_trn.app``: torch, torchtitan,
+transformers) are imported, which Hydra's task function does once the config composed.
 """
 
 import os
@@ -19,15 +23,9 @@ exec_with_tcmalloc()
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from qwen3_trn.errors import ConfigError  # noqa: E402
-
-try:
-    from qwen3_trn.app import exit_status, run
-except ConfigError as exc:  # the installed torchtitan lacks names the project uses (qwen3_trn.titan)
-    print(f"error: {exc}", file=sys.stderr, flush=True)
-    sys.exit(2)  # bad input, as the app's exit_status reports it
 from qwen3_trn.config.composition import refuse_shadowed_config_files  # noqa: E402
-from qwen3_trn.groups import register_schema  # noqa: E402
+from qwen3_trn.config.store import register_schema  # noqa: E402
+from qwen3_trn.exits import exit_status  # noqa: E402
 from qwen3_trn.records import TRACEBACK_ENV  # noqa: E402
 
 register_schema()
@@ -40,6 +38,10 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
+    # Imported here, not above: the run's modules load only for a config that composed and a
+    # command that runs it. A ConfigError raised on import (qwen3_trn.titan) exits 2 (main).
+    from qwen3_trn.app import run
+
     run(cfg)
 
 

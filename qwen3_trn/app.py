@@ -5,9 +5,7 @@ directory, prepares the run (every check before anything is written; the claim i
 when one fails), and then either plans (``mode=plan``/``check``) or launches and records the
 outcome in ``summary.json``.
 
-The exit status of the command (``exit_status``): 0 done, 2 bad config or input (a
-``ConfigError``, or Hydra's own composition errors), 1 a run that started and failed, 130
-interrupted (Ctrl-C or SIGTERM; the run's summary says ``interrupted``).
+The exit status of the command: ``qwen3_trn.exits``.
 """
 
 from __future__ import annotations
@@ -21,22 +19,19 @@ import time
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterator
 
-import yaml
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.table import Table
 
 from qwen3_trn.allocator import host_allocator_choice
-from qwen3_trn.config.composition import composition_error
 from qwen3_trn.config.schema import Mode
 from qwen3_trn.config.typed import to_run_config
 from qwen3_trn.convert import compile_warning
 from qwen3_trn.errors import ConfigError, RunInterrupted, describe_error
+from qwen3_trn.exits import exit_status
 from qwen3_trn.fit import tracked_section
 from qwen3_trn.launch import build_launcher
 from qwen3_trn.plan import config_differences, plan_record, render_plan
@@ -48,7 +43,6 @@ from qwen3_trn.records import (
     METRICS_FILE,
     PLAN_FILE,
     PLAN_TEXT_FILE,
-    TRACEBACK_ENV,
     RunStatus,
     claim_run_dir,
     job_label,
@@ -67,9 +61,7 @@ from qwen3_trn.redact import redact_argv, redact_overrides, remember_env
 from qwen3_trn.sweep import in_multirun, job_context, run_sweep_job
 from qwen3_trn.tracking import plan_tracking, summary_fields, write_tracking
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_DONE", "EXIT_FAILED", "EXIT_INTERRUPTED", "execute", "exit_status", "run", "to_run_config"]
-
-EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+__all__ = ["execute", "run", "to_run_config"]
 
 
 def _overrides() -> list[str]:
@@ -223,44 +215,6 @@ def execute(cfg_node: DictConfig) -> dict | None:
         summary = update_summary(run_dir, status=status, **fields, **error)
     _print_summary(summary)
     return summary
-
-
-def _is_composition_error(exc: BaseException) -> bool:
-    """Raised while Hydra composed the config (not by a run): Hydra's, OmegaConf's and YAML's
-    errors, and anything raised from inside Hydra itself."""
-    if isinstance(exc, (ConfigError, HydraException, OmegaConfBaseException, yaml.YAMLError)):
-        return True
-    frames = traceback.extract_tb(exc.__traceback__)
-    return bool(frames) and "/hydra/" in frames[-1].filename
-
-
-def _report(message: str, status: int) -> None:
-    hint = f"\n(set {TRACEBACK_ENV}=1 for a traceback)" if status == EXIT_BAD_INPUT else ""
-    print(f"error: {message}{hint}", file=sys.stderr, flush=True)
-    sys.exit(status)
-
-
-@contextmanager
-def exit_status(search_dirs: Iterable[Path] = ()) -> Iterator[None]:
-    """The command's exit-code contract around composing and running: a ConfigError or
-    composition error is one clear paragraph and exit 2, an interrupted run exits 130, a
-    failed run 1 (its traceback in the run's error.log). ``search_dirs``: the config
-    directories, to point composition errors at their file."""
-    try:
-        yield
-    except SystemExit:
-        raise
-    except KeyboardInterrupt as exc:
-        how = f"signal {exc.signum}" if isinstance(exc, RunInterrupted) else "Ctrl-C"
-        print(f"qwen3_trn: interrupted ({how}); the run is marked interrupted in its summary.json", file=sys.stderr, flush=True)
-        sys.exit(EXIT_INTERRUPTED)
-    except Exception as exc:
-        if os.environ.get(TRACEBACK_ENV):
-            raise
-        if _is_composition_error(exc):
-            _report(str(composition_error(exc, search_dirs)), EXIT_BAD_INPUT)
-        log = getattr(exc, "error_log", None)
-        _report(describe_error(exc) + (f"\n  traceback: {log}" if log else ""), EXIT_FAILED)
 
 
 @contextmanager

@@ -22,8 +22,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from xdist.scheduler import LoadFileScheduling
 
+from qwen3_trn import groups  # noqa: F401  (every option's class, which its Config builds)
+from qwen3_trn.config.store import register_schema
 from qwen3_trn.devices import probe_device
-from qwen3_trn.groups import register_schema
 from tests.node_agents import free_port, run_node_agents
 
 REPO = Path(__file__).resolve().parents[1]

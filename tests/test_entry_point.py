@@ -4,7 +4,9 @@ directories Hydra creates, refused before it does when they cannot be written.
 
 They run through the real entry point (``qwen3_trn.__main__.main``, Hydra's ``@hydra.main``) in
 this process: each is Hydra's argument handling, which a subprocess per case would only repeat
-(``tests/test_errors.py`` runs the command for real).
+(``tests/test_errors.py`` runs the command for real). The exception: what the command answers
+without running anything is answered without importing torch, torchtitan or transformers, which
+only a fresh process shows.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import subprocess
 import sys
 
 import pytest
 import yaml
+
+from tests.conftest import REPO, cli_env
 
 FLAGS = {
     "cfg-job": (["--cfg", "job"], "output_dir"),
@@ -100,3 +105,47 @@ def test_output_directory_that_cannot_be_created(multirun, entry, monkeypatch, t
     assert code == 2, err[-3000:]
     assert err.startswith(f"error: {key}: '{blocker}/out' cannot be created: '{blocker}' is a file, not a directory")
     assert "Traceback" not in err and blocker.read_text() == "not a directory"
+
+
+# The packages a run needs and an answer about the config does not (the bulk of a run's start).
+RUN_ONLY_PACKAGES = {"torch", "torchtitan", "transformers", "datasets"}
+
+
+def imported_packages(importtime: str) -> set[str]:
+    """The top-level packages a ``python -X importtime`` process imported, from its stderr."""
+    return {line.rsplit("|", 1)[1].strip().split(".")[0] for line in importtime.splitlines() if line.startswith("import time:")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args,status,needle",
+    [
+        (
+            ["training.stpes=1"],
+            2,
+            "error: training.stpes: Key 'stpes' not in 'TrainingConfig' (command line: training.stpes=1); no such key: did you mean steps",
+        ),
+        (["model=nonexistent"], 2, "the options of model are"),
+        (["training.steps=many"], 2, "training.steps: Value 'many' of type 'str' could not be converted to Integer"),
+        (["backend.kernels=nki"], 2, "it belongs to backend=nki_moe"),
+        (["--help"], 0, "== Configuration groups =="),
+        (["--cfg", "job"], 0, "local_batch_size: 2"),
+    ],
+    ids=["typo", "unknown-option", "wrong-type", "other-option's-key", "help", "cfg-job"],
+)
+def test_answers_about_the_config_import_no_torch(args, status, needle, tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "qwen3_trn", *args],
+        cwd=tmp_path,
+        env=cli_env({"PYTHONPATH": str(REPO)}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    answer = done.stdout + "\n".join(line for line in done.stderr.splitlines() if not line.startswith("import time:"))
+    assert done.returncode == status, answer[-3000:]
+    assert needle in answer and "Traceback" not in answer, answer[-3000:]
+    imported = imported_packages(done.stderr)
+    assert "hydra" in imported and "qwen3_trn" in imported
+    assert imported & RUN_ONLY_PACKAGES == set()
+    assert not list(tmp_path.iterdir()), "an answer about the config writes nothing"

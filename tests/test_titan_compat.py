@@ -48,16 +48,22 @@ for module in {modules!r}:
     importlib.import_module(module)
 for module, name in {removed!r}:
     delattr(sys.modules[module], name)
-sys.argv = ["qwen3_trn", "mode=plan", "output_dir={run_dir}"]
+sys.argv = ["qwen3_trn", *{args!r}]
 runpy.run_module("qwen3_trn", run_name="__main__", alter_sys=True)
 """
 
 
+# A single run and a sweep: qwen3_trn.titan is first imported after composing (by Hydra's
+# callbacks, or the sweeper's setup), and its error is bad input wherever that is.
 @pytest.mark.slow
-def test_missing_torchtitan_names_are_one_error_before_anything_starts(tmp_path):
+@pytest.mark.parametrize("multirun", [False, True], ids=["run", "sweep"])
+def test_missing_torchtitan_names_are_one_error_before_anything_starts(multirun, tmp_path):
     modules = sorted({module for module, _ in titan.imported_names(Path(titan.__file__).read_text())})
     removed = [("torchtitan.components.validate", "Validator"), ("torchtitan.models.qwen3", "model_registry")]
-    code = CHILD.format(modules=modules, removed=removed, run_dir=tmp_path / "run")
+    args = ["mode=plan", f"output_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'run'}"]
+    if multirun:
+        args = ["-m", "mode=plan", "training.seed=1,2", f"hydra.sweep.dir={tmp_path / 'run'}"]
+    code = CHILD.format(modules=modules, removed=removed, args=args)
     done = subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,

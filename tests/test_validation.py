@@ -196,7 +196,7 @@ from torchtitan.components.validate import Validator
 from torchtitan.hf_datasets import DatasetConfig
 from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataLoader
 from qwen3_trn.app import to_run_config
-from qwen3_trn.groups import register_schema
+from qwen3_trn.config.store import register_schema
 from qwen3_trn.convert import compute_dtype, to_trainer_config
 from qwen3_trn.data.embedded import validation_corpus_path
 from qwen3_trn.devices import resolve_device

@@ -1,5 +1,5 @@
 """Training modes selectable with ``backend=<name>``: how a composed config becomes the model
-torchtitan trains. Each is a ``Backend`` class with a nested ``Config`` in a module of this
+torchtitan trains. Each is a ``Backend`` class (its ``Config``: ``qwen3_trn.config.option_schemas``) in a module of this
 package (``native``, ``hf_v5``, ``nki_moe``); importing the package imports every module, so
 each option registers itself in ``BackendConfig.options``, and ``cfg.backend.build()`` makes it.
 A new mode is one module here plus its ``conf/backend/<name>.yaml``."""

@@ -1,8 +1,8 @@
 """A training mode: how a composed config becomes the model torchtitan trains.
 
-Backends follow torchtitan's configurable pattern: a class with a nested ``Config`` (a
-``BackendConfig`` subclass: its option of the ``backend`` group, registered in
-``BackendConfig.options`` when it is defined) and ``Config.build()`` returning the backend. A
+Backends follow torchtitan's configurable pattern: a class with a ``Config`` (a
+``BackendConfig`` subclass in ``qwen3_trn.config.option_schemas``: its option of the ``backend``
+group, registered in ``BackendConfig.options``) and ``Config.build()`` returning the backend. A
 subclass overrides only the hooks its mode needs; a run's kernel is reported under ``kernel``
 (``KERNEL_KEY``) of ``run_info`` and ``what_ran``.
 """

@@ -11,12 +11,12 @@ config comes from ``qwen3_trn.models.hf_config``: built from the ``model`` group
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import Any, Callable, Optional, get_args
+from typing import Any, Callable, get_args
 
 from qwen3_trn.backends.aligned_experts import align_token_groups, moe_token_groups, token_group_alignment
 from qwen3_trn.backends.base import KERNEL_KEY, Backend, flavor_architecture
-from qwen3_trn.config.schema import BackendConfig, RunConfig
+from qwen3_trn.config.option_schemas import HfV5BackendConfig
+from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.hf.checkpoint import check_hf_checkpoint
@@ -185,13 +185,7 @@ def titan_hf_model_config(arch: Qwen3Architecture, experts_implementation: str |
 
 
 class HfV5Backend(Backend):
-    @dataclass
-    class Config(BackendConfig):
-        """Qwen3 built by Transformers v5 in torchtitan's transformers modeling backend."""
-
-        name: str = "hf_v5"
-        # Hugging Face experts implementation of an MoE (None keeps torchtitan's default).
-        hf_experts_implementation: Optional[str] = None
+    Config = HfV5BackendConfig
 
     description = "Qwen3 built by Hugging Face Transformers v5 in torchtitan's transformers_modeling_backend"
     config: Config

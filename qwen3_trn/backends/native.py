@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from qwen3_trn.backends.aligned_experts import TokenGroupAlignment, moe_token_groups, token_group_alignment
 from qwen3_trn.backends.base import Backend
-from qwen3_trn.config.schema import BackendConfig, RunConfig
+from qwen3_trn.config.option_schemas import NativeBackendConfig
+from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.attention import inner_attention_config, resolve_attention
@@ -16,11 +16,7 @@ from qwen3_trn.titan import ModelSpec
 
 
 class NativeBackend(Backend):
-    @dataclass
-    class Config(BackendConfig):
-        """torchtitan's own Qwen3."""
-
-        name: str = "native"
+    Config = NativeBackendConfig
 
     description = "torchtitan's native Qwen3 (dense and MoE flavors)"
 

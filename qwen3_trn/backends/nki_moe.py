@@ -8,11 +8,11 @@ portable kernel elsewhere.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from qwen3_trn.backends.base import Backend, ShardingDegrees
-from qwen3_trn.config.schema import BackendConfig, RunConfig
+from qwen3_trn.config.option_schemas import NkiMoeBackendConfig
+from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.errors import ConfigError, NotApplicable
 from qwen3_trn.kernels import (
@@ -41,14 +41,7 @@ NEURON_TOKEN_GROUP_ALIGNMENT = 128
 
 
 class NkiMoeBackend(Backend):
-    @dataclass
-    class Config(BackendConfig):
-        """Qwen3 MoE whose experts run project-registered kernels."""
-
-        name: str = "nki_moe"
-        # auto (on Neuron torchtitan-neuron's own NKI MoE model where it is installed, else NKI where present,
-        # else the device's portable kernel) | torchtitan_neuron | nki | portable | <kernel name>
-        kernels: str = "auto"
+    Config = NkiMoeBackendConfig
 
     description = "Qwen3 MoE with kernel-backed experts (NKI on Trainium, portable kernels elsewhere)"
     config: Config

@@ -247,10 +247,10 @@ def _unparsable(exc: OverrideParseException) -> ConfigError:
 def composition_error(exc: BaseException, search_dirs: Iterable[Path] = ()) -> ConfigError:
     """The ConfigError that says what went wrong composing the config, and where."""
     search_dirs = list(search_dirs)
-    if isinstance(exc, ConfigError):
-        return exc
     chain = list(_cause_chain(exc))
     for link in chain:
+        if isinstance(link, ConfigError):  # also one Hydra wrapped (a callback's import raised it)
+            return link
         if isinstance(link, yaml.YAMLError):
             mark = getattr(link, "problem_mark", None) or getattr(link, "context_mark", None)
             group = _group_of(Path(mark.name), search_dirs) if mark is not None and mark.name else "config"

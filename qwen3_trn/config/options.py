@@ -1,13 +1,15 @@
 """Config groups whose options have keys of their own (``backend``, ``launcher``, ``data``).
 
-In torchtitan's configurable style, each option is a class with a nested ``Config`` dataclass
-(``NativeBackend.Config``), defined in the option's own module of a higher layer. The group's
-base config here (``BackendConfig``) holds the keys every option shares and the ``name`` that
-chooses one; subclassing it registers the option's Config in the group's one registry
-(``<GroupConfig>.options``, keyed by the option's ``name``), and the class that nests a Config
-becomes its ``_owner``, which ``Config.build()`` makes. Hydra's ConfigStore entries
-(``qwen3_trn.groups``), typing a composed config (``typed``) and every builder look options up
-there, so a new option is its module and its YAML file.
+In torchtitan's configurable style, each option is a class with a ``Config`` dataclass
+(``NativeBackend.Config``), the class defined in the option's own module of a higher layer and
+its Config in ``option_schemas`` (so that a config is composed and checked without importing
+the implementations, nor torch). The group's base config here (``BackendConfig``) holds the keys
+every option shares and the ``name`` that chooses one; subclassing it registers the option's
+Config in the group's one registry (``<GroupConfig>.options``, keyed by the option's ``name``),
+and the class that takes a Config as its ``Config`` becomes its ``_owner``, which
+``Config.build()`` makes (once ``qwen3_trn.groups`` imported every implementation). Hydra's
+ConfigStore entries (``store``), typing a composed config (``typed``) and every builder look
+options up there.
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ class OptionConfig:
         if "group" in cls.__dict__:
             cls.options = {}
         elif "name" in cls.__dict__:
-            cls.__name__ = cls.__qualname__  # messages name the option's class: NativeBackend.Config
             known = cls.options.get(cls.name)
             if known is not None and known.__qualname__ != cls.__qualname__:
                 raise TypeError(f"{cls.group} option '{cls.name}' is defined twice: {known.__qualname__} and {cls.__qualname__}")
@@ -49,7 +50,7 @@ class OptionConfig:
     def registered(cls) -> dict[str, type[OptionConfig]]:
         """The group's options; none at all means their modules were never imported."""
         if not cls.options:
-            raise RuntimeError(f"no {cls.group} option is registered; import qwen3_trn.groups first.")
+            raise RuntimeError(f"no {cls.group} option is registered; import qwen3_trn.config.option_schemas first.")
         return cls.options
 
     @classmethod
@@ -67,8 +68,8 @@ class OptionConfig:
 
 
 class Configurable:
-    """A class built from its nested ``Config`` (an ``OptionConfig`` subclass): defining the class
-    makes it the Config's ``_owner``, as torchtitan's ``Configurable`` does."""
+    """A class built from its ``Config`` (an ``OptionConfig`` subclass, nested or assigned):
+    defining the class makes it the Config's ``_owner``, as torchtitan's ``Configurable`` does."""
 
     Config: ClassVar[type[OptionConfig]]
 

@@ -2,10 +2,10 @@
 
 ``RANGES`` maps a dotted key to its ``Range``; a bound is a number or another key (``le=
 "training.steps"``). The keys of one option of a group (``launcher.devices_per_job``) have their
-ranges on that option's Config (``ranges``, by key within the group), beside its class. ``check_ranges`` runs whenever a config is typed (``typed.py``) and again
-among preflight's checks, so a value out of range is a ``ConfigError`` naming the key, the
-bound and the default before anything is prepared; every such key is reported at once. Every
-float key of the schema must also be finite (no ``inf``/``nan``). Keys of an option the run
+ranges on that option's Config (``ranges``, by key within the group; ``option_schemas``).
+``check_ranges`` runs whenever a config is typed (``typed.py``) and again among preflight's
+checks, so a value out of range is a ``ConfigError`` naming the key, the bound and the default
+before anything is prepared; every such key is reported at once. Every float key of the schema must also be finite (no ``inf``/``nan``). Keys of an option the run
 does not use (``launcher.partition`` with ``launcher=local``) and unset optional keys (None)
 are not checked.
 """

@@ -2,7 +2,7 @@
 
 Each group is a dataclass registered in Hydra's ConfigStore (see ``store.py``); a group whose
 options have different keys (``backend``, ``launcher``, ``data``) has its base here and one
-``Config`` per option beside the class it configures (``options.py``), so a key that does not
+``Config`` per option in ``option_schemas.py`` (``options.py``), so a key that does not
 belong to the chosen option is refused at composition. Choices are Enums. The
 YAML files under ``conf/`` only choose values inside these shapes and never restate a default.
 """
@@ -116,9 +116,9 @@ class RendezvousBackend(Choice):
 
 @dataclass
 class BackendConfig(OptionConfig):
-    """Which training mode builds the model: ``backend=<name>`` picks one of the nested
-    ``Config`` classes of ``qwen3_trn.backends`` (``BackendConfig.options``), and its ``build()``
-    makes that backend."""
+    """Which training mode builds the model: ``backend=<name>`` picks one of the option
+    Configs (``option_schemas``, ``BackendConfig.options``), and its ``build()`` makes that
+    backend (``qwen3_trn.backends``)."""
 
     group: ClassVar[str] = "backend"
     name: str = "native"
@@ -182,9 +182,9 @@ class CompileConfig:
 
 @dataclass
 class DataConfig(OptionConfig):
-    """Where training text comes from: ``data=<name>`` picks one of the nested ``Config`` classes
-    of ``qwen3_trn.data.sources`` (``DataConfig.options``), each holding only the keys that
-    source reads."""
+    """Where training text comes from: ``data=<name>`` picks one of the option Configs
+    (``option_schemas``, ``DataConfig.options``), each holding only the keys that source
+    (``qwen3_trn.data.sources``) reads."""
 
     group: ClassVar[str] = "data"
     name: str = "embedded"
@@ -302,8 +302,8 @@ class LoggerConfig:
 
 @dataclass
 class LauncherConfig(OptionConfig):
-    """How ranks are started: ``launcher=<name>`` picks one of the nested ``Config`` classes of
-    ``qwen3_trn.launch`` (``LauncherConfig.options``); every launcher starts a node's ranks with
+    """How ranks are started: ``launcher=<name>`` picks one of the option Configs
+    (``option_schemas``, ``LauncherConfig.options``) of ``qwen3_trn.launch``; every launcher starts a node's ranks with
     PyTorch's elastic launcher (torchrun's engine)."""
 
     group: ClassVar[str] = "launcher"

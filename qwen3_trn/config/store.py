@@ -1,9 +1,10 @@
 """Registers the typed schema in Hydra's ConfigStore.
 
 ``conf/config.yaml`` lists ``run_schema`` first in its defaults, so every group's YAML is
-merged onto the typed ``RunConfig``. The schemas of the options of a group with a schema per
-option (``schema/<group>/<option>``) are the option classes' Configs, defined in higher layers;
-``qwen3_trn.groups.register_schema`` stores them, after importing every option, with these.
+merged onto the typed ``RunConfig``. Each option of a group with a schema per option is stored
+as ``schema/<group>/<option>`` (its Config, ``option_schemas``), which the option's YAML names in
+its defaults (``/schema/backend@_here_: native``), so a key that does not belong to the chosen
+option is refused at composition.
 """
 
 from dataclasses import dataclass, field
@@ -58,8 +59,11 @@ def run_schema() -> DictConfig:
 
 
 def register_schema() -> None:
-    """``RunConfig`` and the sweepers (``qwen3_trn.groups.register_schema`` adds the options')."""
+    """``RunConfig``, every option's Config and the sweepers."""
     store = ConfigStore.instance()
     store.store(name=SCHEMA_NAME, node=run_schema())
+    for group, base in option_groups().items():
+        for option, schema in base.registered().items():
+            store.store(group=f"schema/{group}", name=option, node=schema)
     store.store(group="hydra/sweeper", name=SWEEPER_NAME, node=CheckedSweeperConf, provider="qwen3_trn")
     store.store(group="hydra/sweeper", name=SEARCH_SWEEPER_NAME, node=SearchSweeperConf, provider="qwen3_trn")

@@ -1,7 +1,8 @@
-"""How ranks are started: ``launcher.name`` picks a ``base.Launcher`` class, each with a nested
-``Config`` in a module of this package (``local``, ``slurm``); importing the package imports
-every module, so each option registers itself in ``LauncherConfig.options``. A new launcher is
-one module here plus its ``conf/launcher/<name>.yaml``.
+"""How ranks are started: ``launcher.name`` picks a ``base.Launcher`` class, each in a module of
+this package (``local``, ``slurm``) with its ``Config`` from ``qwen3_trn.config.option_schemas``
+(registered in ``LauncherConfig.options``); importing the package imports every module, so each
+class becomes its Config's owner. A new launcher is one module here, its Config there and its
+``conf/launcher/<name>.yaml``.
 
 The launcher layer sits above preflight and the worker: a launcher starts the worker's
 ranks of a prepared run, on this machine (``local``) or on a cluster (``slurm``)."""

@@ -1,7 +1,8 @@
 """A launcher: how the ranks of a run are started, behind one interface.
 
-Each ``launcher=<option>`` is a ``Launcher`` subclass with a nested ``Config``, registered in
-``LauncherConfig.options`` by its ``name`` when it is defined, as backends are. The app, the
+Each ``launcher=<option>`` is a ``Launcher`` subclass with a ``Config`` (in
+``qwen3_trn.config.option_schemas``, registered in ``LauncherConfig.options`` by its ``name``),
+as backends are. The app, the
 plan and the sweep talk to this interface only:
 
 - ``ranks_here``: whether the ranks run on this machine (else the device is planned for);

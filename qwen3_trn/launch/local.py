@@ -13,11 +13,11 @@ import socket
 import time
 import uuid
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import ClassVar, Iterator
+from typing import Iterator
 
-from qwen3_trn.config.ranges import Range
+from qwen3_trn.config.option_schemas import LocalLauncherConfig
 from qwen3_trn.config.schema import LauncherConfig, Mode, RendezvousBackend, RunConfig
 from qwen3_trn.devices import resolve_device
 from qwen3_trn.errors import ConfigError, RunInterrupted
@@ -160,16 +160,7 @@ def _elastic_launch(job: WorkerJob, env: dict[str, str], rdzv_backend: str) -> N
 
 
 class LocalLauncher(Launcher):
-    @dataclass
-    class Config(LauncherConfig):
-        """Ranks on this machine."""
-
-        name: str = "local"
-        rdzv_backend: RendezvousBackend = RendezvousBackend.c10d
-        # Device packing for concurrent jobs on one machine: each job claims this many devices
-        # (GPUs, NeuronCores or CPU cores) exclusively and waits while too few are free. 0: off.
-        devices_per_job: int = 0
-        ranges: ClassVar[dict[str, Range]] = {"devices_per_job": Range(ge=0, note="0: no device packing")}
+    Config = LocalLauncherConfig
 
     config: Config
 

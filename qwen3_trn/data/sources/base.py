@@ -22,12 +22,10 @@ import zlib
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar
 
-from omegaconf import MISSING
-
+from qwen3_trn.config.option_schemas import SplitSourceConfig
 from qwen3_trn.config.options import Configurable
-from qwen3_trn.config.ranges import Range
 from qwen3_trn.config.schema import DataConfig, Mode
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.titan import DATASETS, DatasetConfig
@@ -170,16 +168,7 @@ class SplitSource(DataSource):
     """A source whose documents are split into training and held-out parts by
     ``data.val_fraction`` unless held-out documents are named (module docstring)."""
 
-    @dataclass
-    class Config(DataConfig):
-        path: str = MISSING
-        text_column: str = "text"
-        # local files like ``path`` holding the held-out text
-        val_path: Optional[str] = None
-        val_fraction: float = 0.01
-        ranges: ClassVar[dict[str, Range]] = {
-            "val_fraction": Range(ge=0, lt=1, note="the held-out share of the documents; 0 with data.val_path or validation=off")
-        }
+    Config = SplitSourceConfig
 
     config: Config
     # The keys, besides data.val_path, that name held-out text of this source (an error lists them).

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
-
-from qwen3_trn.config.schema import DataConfig
+from qwen3_trn.config.option_schemas import C4SourceConfig
 from qwen3_trn.data.sources.base import DataSource, ResolvedDataset
 from qwen3_trn.errors import ConfigError
 
@@ -14,14 +11,7 @@ C4_SPLITS = {"train": "c4", "validation": "c4_validation"}
 
 
 class C4Source(DataSource):
-    @dataclass
-    class Config(DataConfig):
-        """torchtitan's C4 (allenai/c4, English, streamed); validation uses its validation split."""
-
-        name: str = "c4"
-        # A local copy of allenai/c4 (None: the hub).
-        path: Optional[str] = None
-        split: str = "train"
+    Config = C4SourceConfig
 
     config: Config
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from qwen3_trn.config.schema import DataConfig
+from qwen3_trn.config.option_schemas import EmbeddedSourceConfig
 from qwen3_trn.data.embedded import corpus_path, ensure_assets, validation_corpus_path
 from qwen3_trn.data.sources.base import DataSource, ResolvedDataset, load_files, register
 
@@ -14,11 +12,7 @@ def _load_json(path: str):
 
 
 class EmbeddedSource(DataSource):
-    @dataclass
-    class Config(DataConfig):
-        """Text shipped with the project, with its own held-out split: trains offline."""
-
-        name: str = "embedded"
+    Config = EmbeddedSourceConfig
 
     def dataset(self) -> ResolvedDataset:
         return register(self.config, str(corpus_path(ensure_assets())), _load_json, "text")

@@ -10,11 +10,11 @@ import itertools
 import json
 import logging
 import os
-from dataclasses import dataclass
 from typing import Any
 
 from datasets import load_dataset
 
+from qwen3_trn.config.option_schemas import FilesSourceConfig
 from qwen3_trn.config.schema import Mode
 from qwen3_trn.data.sources.base import Documents, SplitSource, builder_of, local_data_files, local_files
 from qwen3_trn.errors import ConfigError, first_line
@@ -121,12 +121,7 @@ def _check_records(data: FilesSource.Config, records: list[dict[str, Any]], file
 
 
 class FilesSource(SplitSource):
-    @dataclass
-    class Config(SplitSource.Config):
-        """Local text files. Held-out text for validation: ``val_path`` (files like ``path``), else
-        ``val_fraction`` of the documents, which training then never sees (0: none held out)."""
-
-        name: str = "files"
+    Config = FilesSourceConfig
 
     config: Config
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from functools import partial
-from typing import Optional
 
 from datasets import load_dataset, load_dataset_builder
 
+from qwen3_trn.config.option_schemas import HubSourceConfig
 from qwen3_trn.config.schema import Mode
 from qwen3_trn.data.sources.base import Documents, SplitSource
 from qwen3_trn.errors import ConfigError, first_line
@@ -22,17 +21,7 @@ def _load_hub(subset: str | None, split: str, streaming: bool, path: str):
 
 
 class HubSource(SplitSource):
-    @dataclass
-    class Config(SplitSource.Config):
-        """A Hugging Face dataset by id (``path``). Held-out text: ``val_path`` (local files), else
-        ``val_split`` (a split of the same dataset), else ``val_fraction`` of the documents."""
-
-        name: str = "hub"
-        # The dataset's subset (its configuration name, ``load_dataset(path, name=...)``).
-        subset: Optional[str] = None
-        split: str = "train"
-        streaming: bool = True
-        val_split: Optional[str] = None
+    Config = HubSourceConfig
 
     config: Config
     held_out_keys = ("data.val_split",)

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from typing import Any
 
-from qwen3_trn.config.ranges import NON_NEGATIVE, POSITIVE, Range
-from qwen3_trn.config.schema import LauncherConfig, Mode, RunConfig
+from qwen3_trn.config.option_schemas import SlurmLauncherConfig
+from qwen3_trn.config.schema import Mode, RunConfig
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.launch.base import LaunchDescription, Launcher
 from qwen3_trn.launch.local import environment, torchrun_command
@@ -53,41 +53,7 @@ class SlurmLauncher(Launcher):
     name = LAUNCHER_NAME
     ranks_here = False
 
-    @dataclass
-    class Config(LauncherConfig):
-        """One Slurm job per run, submitted through submitit (``qwen3_trn.launch.slurm``)."""
-
-        name: str = LAUNCHER_NAME
-        # Slurm partition (None: the cluster's default); checked against `sinfo` before submitting.
-        partition: Optional[str] = None
-        # Time limit in Slurm's format: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS.
-        time: str = "60"
-        cpus_per_task: Optional[int] = None
-        gpus_per_node: Optional[int] = None
-        mem_gb: Optional[float] = None
-        account: Optional[str] = None
-        qos: Optional[str] = None
-        constraint: Optional[str] = None
-        job_name: Optional[str] = None
-        # true: block until the job ends and report like a local run; false: print the job id and return.
-        wait: bool = False
-        # Shell lines run in the sbatch script before the job starts (module load, source venv ...).
-        setup: list[str] = field(default_factory=list)
-        # Any other sbatch option, e.g. {exclusive: true, "mail-type": END}.
-        slurm_additional_parameters: dict[str, Any] = field(default_factory=dict)
-        # Seconds before the time limit at which Slurm signals the job to requeue itself (USR2).
-        signal_delay_s: int = 120
-        # How many times a job may be requeued after hitting its time limit.
-        max_requeues: int = 3
-        # Python on the nodes (None: this interpreter, which must be reachable there).
-        python: Optional[str] = None
-        ranges: ClassVar[dict[str, Range]] = {
-            "cpus_per_task": POSITIVE,
-            "gpus_per_node": POSITIVE,
-            "mem_gb": Range(gt=0),
-            "signal_delay_s": NON_NEGATIVE,
-            "max_requeues": NON_NEGATIVE,
-        }
+    Config = SlurmLauncherConfig
 
     config: Config
 

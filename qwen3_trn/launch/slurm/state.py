@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from qwen3_trn.config.option_schemas import SlurmLauncherConfig
 from qwen3_trn.launch.base import record_job
 from qwen3_trn.records import IN_FLIGHT_STATUSES, RunStatus, job_section, read_summary
 
 # The launcher's name (SlurmLauncher.name), in the job section of the records it writes.
-LAUNCHER_NAME = "slurm"
+LAUNCHER_NAME = SlurmLauncherConfig.name
 
 # Slurm job state -> the run's status.
 _PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD", "SUSPENDED", "STOPPED", "SPECIAL_EXIT"}
