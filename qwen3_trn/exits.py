@@ -25,7 +25,7 @@ from qwen3_trn.config.composition import composition_error
 from qwen3_trn.errors import ConfigError, RunInterrupted, describe_error
 from qwen3_trn.records import TRACEBACK_ENV
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_DONE", "EXIT_FAILED", "EXIT_INTERRUPTED", "exit_status"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_DONE", "EXIT_FAILED", "EXIT_INTERRUPTED", "exit_status", "imports_of_entry_point"]
 
 EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -66,3 +66,17 @@ def exit_status(search_dirs: Iterable[Path] = ()) -> Iterator[None]:
             _report(str(composition_error(exc, search_dirs)), EXIT_BAD_INPUT)
         log = getattr(exc, "error_log", None)
         _report(describe_error(exc) + (f"\n  traceback: {log}" if log else ""), EXIT_FAILED)
+
+
+@contextmanager
+def imports_of_entry_point(module_name: str) -> Iterator[None]:
+    """Around the module-level imports of a ``python -m qwen3_trn.<tool>`` entry point: a
+    ConfigError raised while they import (a torchtitan that lacks what the project uses,
+    ``qwen3_trn.titan``) is bad input, exit 2, when the module runs as the command
+    (``module_name`` is ``"__main__"``); imported as a library, the error propagates."""
+    try:
+        yield
+    except ConfigError as exc:
+        if module_name != "__main__" or os.environ.get(TRACEBACK_ENV):
+            raise
+        _report(str(exc), EXIT_BAD_INPUT)

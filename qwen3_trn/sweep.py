@@ -35,36 +35,40 @@ from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 
-from qwen3_trn.config.overrides import override_key
-from qwen3_trn.errors import ConfigError, NotApplicable, describe_error
-from qwen3_trn.launch import launcher_named
-from qwen3_trn.records import (
-    ERROR_LOG,
-    IN_FLIGHT_STATUSES,
-    JOB_SECTION,
-    LOGS_DIR,
-    MANIFEST_FILE,
-    SUMMARY_FILE,
-    RunStatus,
-    holds_run,
-    job_label,
-    job_records,
-    job_section,
-    read_job_record,
-    read_manifest,
-    read_summary,
-    read_sweep_file,
-    scrub_hydra_files,
-    write_job_record,
-    write_json_atomic,
-    write_manifest_file,
-    write_sweep_file,
-    write_text_atomic,
-)
-from qwen3_trn.redact import redact_argv, redact_log_handlers, redact_overrides, remember_env
-from qwen3_trn.report import build_report
-from qwen3_trn.report.search import BEST_FILE, SEARCH_HTML
-from qwen3_trn.tracking import finish_dangling_run
+from qwen3_trn.exits import imports_of_entry_point
+
+# A torchtitan that lacks what the package uses: exit 2 as the command (qwen3_trn.exits).
+with imports_of_entry_point(__name__):
+    from qwen3_trn.config.overrides import override_key
+    from qwen3_trn.errors import ConfigError, NotApplicable, describe_error
+    from qwen3_trn.launch import launcher_named
+    from qwen3_trn.records import (
+        ERROR_LOG,
+        IN_FLIGHT_STATUSES,
+        JOB_SECTION,
+        LOGS_DIR,
+        MANIFEST_FILE,
+        SUMMARY_FILE,
+        RunStatus,
+        holds_run,
+        job_label,
+        job_records,
+        job_section,
+        read_job_record,
+        read_manifest,
+        read_summary,
+        read_sweep_file,
+        scrub_hydra_files,
+        write_job_record,
+        write_json_atomic,
+        write_manifest_file,
+        write_sweep_file,
+        write_text_atomic,
+    )
+    from qwen3_trn.redact import redact_argv, redact_log_handlers, redact_overrides, remember_env
+    from qwen3_trn.report import build_report
+    from qwen3_trn.report.search import BEST_FILE, SEARCH_HTML
+    from qwen3_trn.tracking import finish_dangling_run
 
 # Counted in every sweep summary.
 COUNTED_STATUSES = (RunStatus.completed, RunStatus.failed, RunStatus.skipped)

@@ -48,23 +48,17 @@ for module in {modules!r}:
     importlib.import_module(module)
 for module, name in {removed!r}:
     delattr(sys.modules[module], name)
-sys.argv = ["qwen3_trn", *{args!r}]
-runpy.run_module("qwen3_trn", run_name="__main__", alter_sys=True)
+sys.argv = [{entry!r}, *{args!r}]
+runpy.run_module({entry!r}, run_name="__main__", alter_sys=True)
 """
+REMOVED = [("torchtitan.components.validate", "Validator"), ("torchtitan.models.qwen3", "model_registry")]
 
 
-# A single run and a sweep: qwen3_trn.titan is first imported after composing (by Hydra's
-# callbacks, or the sweeper's setup), and its error is bad input wherever that is.
-@pytest.mark.slow
-@pytest.mark.parametrize("multirun", [False, True], ids=["run", "sweep"])
-def test_missing_torchtitan_names_are_one_error_before_anything_starts(multirun, tmp_path):
+def run_without_names(entry: str, args: list[str]) -> subprocess.CompletedProcess:
+    """``python -m ENTRY ARGS`` on a torchtitan that lacks ``REMOVED``."""
     modules = sorted({module for module, _ in titan.imported_names(Path(titan.__file__).read_text())})
-    removed = [("torchtitan.components.validate", "Validator"), ("torchtitan.models.qwen3", "model_registry")]
-    args = ["mode=plan", f"output_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'run'}"]
-    if multirun:
-        args = ["-m", "mode=plan", "training.seed=1,2", f"hydra.sweep.dir={tmp_path / 'run'}"]
-    code = CHILD.format(modules=modules, removed=removed, args=args)
-    done = subprocess.run(
+    code = CHILD.format(modules=modules, removed=REMOVED, entry=entry, args=args)
+    return subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,
         env=cli_env({"QWEN3_TRN_HOST_ALLOCATOR": "system"}),
@@ -72,13 +66,34 @@ def test_missing_torchtitan_names_are_one_error_before_anything_starts(multirun,
         text=True,
         timeout=300,
     )
+
+
+def assert_one_error_naming_the_missing_names(done: subprocess.CompletedProcess) -> None:
     assert done.returncode == 2, done.stderr[-3000:]
     error = done.stderr.strip()
     assert "Traceback" not in error
     assert error.startswith("error: torchtitan: the installed torchtitan 0.3.0 lacks ")
     assert "lacks torchtitan.components.validate.Validator, torchtitan.models.qwen3.model_registry, which this project uses" in error
     assert "torchtitan-neuron" in error
+
+
+# A single run and a sweep: qwen3_trn.titan is first imported after composing (by Hydra's
+# callbacks, or the sweeper's setup), and its error is bad input wherever that is.
+@pytest.mark.slow
+@pytest.mark.parametrize("multirun", [False, True], ids=["run", "sweep"])
+def test_missing_torchtitan_names_are_one_error_before_anything_starts(multirun, tmp_path):
+    args = ["mode=plan", f"output_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'run'}"]
+    if multirun:
+        args = ["-m", "mode=plan", "training.seed=1,2", f"hydra.sweep.dir={tmp_path / 'run'}"]
+    assert_one_error_naming_the_missing_names(run_without_names("qwen3_trn", args))
     assert not (tmp_path / "run").exists()
+
+
+# Every other ``python -m qwen3_trn.<tool>`` that imports torchtitan (qwen3_trn.report does not).
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", ["qwen3_trn.status", "qwen3_trn.verify", "qwen3_trn.rank", "qwen3_trn.sweep"])
+def test_every_entry_point_names_the_missing_names_with_exit_2(entry, tmp_path):
+    assert_one_error_naming_the_missing_names(run_without_names(entry, [str(tmp_path)]))
 
 
 def test_a_missing_module_or_name_is_named():
@@ -149,4 +164,6 @@ def test_a_dependency_torchtitan_lacks_is_named_not_every_name():
     with pytest.raises(titan.ConfigError) as info:
         titan.check_torchtitan(cause=ModuleNotFoundError("No module named 'torchdata'", name="torchdata"))
     assert not isinstance(info.value, titan.TorchtitanMismatch)
-    assert str(info.value).startswith("torchtitan: torchtitan 0.3.0 does not import: it needs the module 'torchdata', which is not installed.")
+    assert str(info.value).startswith(
+        "torchtitan: torchtitan 0.3.0 does not import: it needs the module 'torchdata', which is not installed."
+    )
