@@ -144,6 +144,8 @@ def resolve(
             _check_compile(cfg, device)
         with problems.check():
             layout = resolve_layout(cfg.parallelism, cfg.launcher.nnodes, _nproc_per_node(cfg, device, ranks_here))
+            if not cfg.parallelism.auto:
+                fit.check_vendor_layout(cfg, device, layout)
         if arch is not None:
             with problems.check():
                 backend.validate(cfg, arch, device)
