@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+import types
 
 import pytest
 import torch
@@ -22,10 +24,13 @@ from tests.conftest import command_in_process, in_process
 
 @pytest.fixture
 def neuron_compile(monkeypatch):
-    """torch.compile as a Neuron rank has it after ``activate`` (restored afterwards)."""
+    """torch.compile as a Neuron rank has it after the device's ``activate`` (restored afterwards);
+    torch-neuronx, which it imports, stood in by an empty module (its import registers the device)."""
     monkeypatch.setattr(torch, "compile", torch.compile)
-    neuron.apply_compile_rules()
-    neuron.apply_compile_rules()  # once per process or more: still one wrapper
+    monkeypatch.setitem(sys.modules, "torch_neuronx", types.ModuleType("torch_neuronx"))
+    neuron.activate()
+    neuron.activate()  # once per process or more: still one wrapper
+    assert torch.compile.__wrapped__.__module__ == "torch"
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
