@@ -49,13 +49,10 @@ class VendorLayouts:
 
     def describe(self) -> str:
         tp = " or ".join(f"TP{tp}" for tp in self.tensor_parallel or ()) or "any tensor parallel"
-        return f"{tp} inside a node x FSDP over the rest, no expert or pipeline parallel ({self.source})"
+        return f"{tp} inside a node x FSDP over the rest, no expert or pipeline parallel; {self.source}"
 
 
-_TRN2_RECIPES = (
-    "AWS's TorchTitan Neuron recipes for Qwen3-8B and Qwen3-30B-A3B on trn2.48xlarge: "
-    "qwen3_8b_tp4_fsdp16_sac, TP4 x FSDP16 with selective activation checkpointing"
-)
+_TRN2_RECIPES = "AWS's TorchTitan Neuron recipes for Qwen3-8B and Qwen3-30B-A3B (qwen3_8b_tp4_fsdp16_sac: TP4 x FSDP16, selective AC)"
 # Keyed by the accelerator table's names (qwen3_trn.fit.device_memory.ACCELERATORS).
 VENDOR_LAYOUTS: dict[str, VendorLayouts] = {
     "trn2": VendorLayouts("trn2.48xlarge (LNC=2)", (4,), NEURON_ALL_TO_ALL, _TRN2_RECIPES),
@@ -79,6 +76,6 @@ def check_vendor_layout(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> N
     raise ConfigError(
         "parallelism.ep",
         f"expert parallel (ep={layout.ep}) cannot run on {rules.instance} with {device.type}: {rules.no_expert_parallel}. "
-        f"Set parallelism.ep=1 (the experts are then sharded by FSDP and tensor parallel, as AWS's recipes do: "
-        f"{rules.describe()}), or use parallelism=auto.",
+        f"Set parallelism.ep=1, so that FSDP and tensor parallel shard the experts as AWS's layouts do "
+        f"({rules.describe()}), or use parallelism=auto.",
     )
