@@ -31,8 +31,9 @@ class VendorLayouts:
     """What the vendor's recipes run on one instance type."""
 
     instance: str
-    # Tensor-parallel degrees inside a node that the recipes use (None: any); the rest of the
-    # ranks is FSDP (and replicas across nodes).
+    # Tensor-parallel degrees inside a node that the recipes use, the rest of the ranks FSDP (and
+    # replicas across nodes), without pipeline or context parallel; None: no recipe layout, every
+    # layout torchtitan accepts but the degrees refused below.
     tensor_parallel: tuple[int, ...] | None
     # Why expert parallel cannot run there (None: it can).
     no_expert_parallel: str | None
@@ -40,15 +41,14 @@ class VendorLayouts:
     source: str
 
     def admits(self, layout: Layout) -> bool:
-        return (
-            (self.tensor_parallel is None or layout.tp in self.tensor_parallel)
-            and layout.pp == 1
-            and layout.cp == 1
-            and (layout.ep == 1 or self.no_expert_parallel is None)
-        )
+        if layout.ep > 1 and self.no_expert_parallel is not None:
+            return False
+        return self.tensor_parallel is None or (layout.tp in self.tensor_parallel and layout.pp == 1 and layout.cp == 1)
 
     def describe(self) -> str:
-        tp = " or ".join(f"TP{tp}" for tp in self.tensor_parallel or ()) or "any tensor parallel"
+        if self.tensor_parallel is None:
+            return f"any layout without expert parallel; {self.source}"
+        tp = " or ".join(f"TP{tp}" for tp in self.tensor_parallel)
         return f"{tp} inside a node x FSDP over the rest, no expert or pipeline parallel; {self.source}"
 
 
@@ -57,7 +57,7 @@ _TRN2_RECIPES = "AWS's TorchTitan Neuron recipes for Qwen3-8B and Qwen3-30B-A3B 
 VENDOR_LAYOUTS: dict[str, VendorLayouts] = {
     "trn2": VendorLayouts("trn2.48xlarge (LNC=2)", (4,), NEURON_ALL_TO_ALL, _TRN2_RECIPES),
     "trn2-lnc1": VendorLayouts("trn2.48xlarge (LNC=1)", (4,), NEURON_ALL_TO_ALL, _TRN2_RECIPES),
-    "trn1": VendorLayouts("trn1.32xlarge", None, NEURON_ALL_TO_ALL, "torch-neuronx's collectives; AWS ships no trn1 recipe"),
+    "trn1": VendorLayouts("trn1.32xlarge", None, NEURON_ALL_TO_ALL, "TorchTitan Neuron's recipes are for Trn2 and Trn3"),
 }
 
 
