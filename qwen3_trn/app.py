@@ -149,8 +149,9 @@ def execute(cfg_node: DictConfig) -> dict | None:
     # later one takes a fresh sibling. A directory given as such is refused when it holds a run.
     run_dir = claim_run_dir(requested, fresh_if_taken="${now:" in _run_dir_pattern())
     cfg.output_dir = str(run_dir)
+    sweep = job_context()
     try:
-        prepared = prepare(cfg, ranks_here=launcher.ranks_here, check_launcher=launcher.validate)
+        prepared = prepare(cfg, ranks_here=launcher.ranks_here, check_launcher=launcher.validate, shared_dir=sweep and sweep["dir"])
     except BaseException:
         release_run_dir(run_dir)
         raise
@@ -165,7 +166,6 @@ def execute(cfg_node: DictConfig) -> dict | None:
     node = OmegaConf.structured(cfg)  # typed: absolute paths, the claimed directory
     write_run_files(run_dir, node, _overrides(), prepared.trainer_config.to_dict())
     scrub_hydra_files(run_dir)
-    sweep = job_context()
     if cfg.mode != Mode.train:
         launch = launcher.describe(prepared, run_dir)
         differences = config_differences(node, sweep["swept_keys"] if sweep else None)

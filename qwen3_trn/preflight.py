@@ -10,6 +10,7 @@ partition, say) are the launcher's own (``qwen3_trn.launch``), run here among th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from qwen3_trn import fit
@@ -18,7 +19,7 @@ from qwen3_trn.checkpointing import ResumePoint
 from qwen3_trn.config.ranges import check_ranges
 from qwen3_trn.config.schema import Mode, RunConfig
 from qwen3_trn.convert import architecture, resume_checkpoint, to_trainer_config
-from qwen3_trn.devices import DEVICES, DeviceSpec, planned_device, probe_device, resolve_device
+from qwen3_trn.devices import DEVICES, PACKING_RULES, SHARED_RANK_ENV, DeviceSpec, planned_device, probe_device, resolve_device
 from qwen3_trn.errors import ConfigError, Problems
 from qwen3_trn.hf.export import check_hf_export
 from qwen3_trn.inputs import absolute_paths, check_data, check_tokenizer
@@ -73,6 +74,10 @@ def _nproc_per_node(cfg: RunConfig, device: DeviceSpec, ranks_here: bool) -> int
             f"{packed} device(s) per job cannot be packed onto this machine's {device.count} {device.type} device(s); "
             f"use 1..{device.count}, or 0 to turn packing off.",
         )
+    if packed and device.type in PACKING_RULES:
+        refusal = PACKING_RULES[device.type](packed, packed if nproc == -1 else nproc)
+        if refusal is not None:
+            raise ConfigError("launcher.devices_per_job", f"{refusal}.")
     if nproc == -1 and packed:
         return packed
     if nproc == -1:
@@ -151,6 +156,8 @@ def resolve(
             _check_compile(cfg, device)
         with problems.check():
             layout = resolve_layout(cfg.parallelism, cfg.launcher.nnodes, _nproc_per_node(cfg, device, ranks_here))
+            if not cfg.parallelism.auto:
+                fit.check_vendor_layout(cfg, device, layout)
         if arch is not None:
             with problems.check():
                 backend.validate(cfg, arch, device)
@@ -186,14 +193,19 @@ def _trainer_config(resolved: Resolved) -> Trainer.Config:
         raise ConfigError("titan", f"torchtitan refused the resulting Trainer.Config: {exc}") from exc
 
 
-def prepare(cfg: RunConfig, ranks_here: bool = True, check_launcher: LauncherCheck | None = None) -> Prepared:
+def prepare(
+    cfg: RunConfig, ranks_here: bool = True, check_launcher: LauncherCheck | None = None, shared_dir: str | None = None
+) -> Prepared:
     """``resolve``, the run's inputs (paths made absolute, data and tokenizer opened:
     ``qwen3_trn.inputs``) and the exact torchtitan ``Trainer.Config`` the ranks will build.
 
     Every problem is reported at once (``errors.Problems``): the ranges of every key and the
     data are checked first and together; a value out of range stops there, as the layout and
     memory checks after it would be meaningless; otherwise the layout checks (``resolve``),
-    the tokenizer and the fit check follow, each run where what it needs was resolved."""
+    the tokenizer and the fit check follow, each run where what it needs was resolved.
+
+    ``shared_dir``: the directory every job of the sweep shares (None: the run's own), where the
+    device's shared caches go (``devices.SHARED_RANK_ENV``, in ``launcher.env``: every rank's)."""
     problems = Problems()
     with problems.check():
         check_ranges(cfg)
@@ -207,6 +219,9 @@ def prepare(cfg: RunConfig, ranks_here: bool = True, check_launcher: LauncherChe
     if not in_range:
         problems.stop_if_any()
     resolved = resolve(cfg, ranks_here, problems, check_launcher)
+    if resolved.device.type in SHARED_RANK_ENV:  # a value the user gave is kept
+        shared = SHARED_RANK_ENV[resolved.device.type](Path(shared_dir or cfg.output_dir))
+        cfg.launcher.env = {**shared, **cfg.launcher.env}
     trainer_config = None
     with problems.check():
         trainer_config = _trainer_config(resolved)

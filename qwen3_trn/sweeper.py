@@ -221,7 +221,7 @@ class CheckedSweeper(BasicSweeper):
             plain.pop("hydra", None)
             cfg = run_config_from_container(plain, check_ranges=False)  # among preflight's checks
             job.launcher = build_launcher(cfg.launcher)
-            job.prepared = prepare(cfg, ranks_here=job.launcher.ranks_here, check_launcher=job.launcher.validate)
+            job.prepared = prepare(cfg, ranks_here=job.launcher.ranks_here, check_launcher=job.launcher.validate, shared_dir=str(sweep_dir))
         except ConfigError as exc:
             job.problem = exc
         except Exception as exc:  # noqa: BLE001 - e.g. an interpolation OmegaConf cannot resolve

@@ -21,7 +21,7 @@ import torch
 from qwen3_trn.backends import build_backend
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.convert import compute_dtype, to_trainer_config
-from qwen3_trn.devices import DeviceSpec, confine_rank_to_its_device, resolve_device
+from qwen3_trn.devices import DeviceSpec, resolve_device
 from qwen3_trn.layout import Layout
 from qwen3_trn.records import LOGS_DIR
 from qwen3_trn.redact import RedactingFormatter, looks_secret
@@ -112,16 +112,15 @@ def log_placement(cfg: RunConfig) -> str:
 
 def run_worker(job: WorkerJob, trainer_config: Trainer.Config | None = None) -> None:
     die_with_launcher()
-    with confine_rank_to_its_device():  # before the device probe and the process group read it
-        cfg = job.cfg
-        configure_logging(cfg, int(os.environ.get("RANK", "0")))
-        log_placement(cfg)
-        trainer = None
-        try:
-            trainer = build_trainer(cfg, resolve_device(job.device_type), job.layout, trainer_config)
-            trainer.train()
-        finally:
-            if trainer is not None:
-                trainer.close()
+    cfg = job.cfg
+    configure_logging(cfg, int(os.environ.get("RANK", "0")))
+    log_placement(cfg)
+    trainer = None
+    try:
+        trainer = build_trainer(cfg, resolve_device(job.device_type), job.layout, trainer_config)
+        trainer.train()
+    finally:
+        if trainer is not None:
+            trainer.close()
             if torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()

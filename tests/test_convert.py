@@ -92,7 +92,8 @@ def test_parallel_degrees_and_the_rest(tmp_path):
     p = tc.parallelism
     assert (p.data_parallel_shard_degree, p.tensor_parallel_degree, p.data_parallel_replicate_degree) == (16, 4, 1)
     tc = _trainer_config(["mode=plan", "experiment=trn2_multinode"], tmp_path)
-    assert (tc.parallelism.data_parallel_replicate_degree, tc.parallelism.data_parallel_shard_degree) == (2, 64)
+    p = tc.parallelism
+    assert (p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.tensor_parallel_degree) == (2, 16, 4)
 
 
 def test_embedded_data_is_registered_with_torchtitan(tmp_path):

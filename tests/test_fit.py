@@ -150,9 +150,36 @@ def test_parallelism_auto_picks_a_layout_that_fits(case):
 
 
 def test_parallelism_auto_uses_expert_parallel_for_the_moe_model_and_says_why():
-    prepared = prepare(_cfg(["backend=nki_moe", "model=30B-A3B", "device=neuron", "parallelism=auto", "mode=plan"]))
+    prepared = prepare(
+        _cfg(["backend=nki_moe", "model=30B-A3B", "device=cuda", "launcher.nproc_per_node=8", "parallelism=auto", "mode=plan"])
+    )
     assert prepared.layout.ep > 1 and prepared.fit.choice.startswith(f"dp_shard={prepared.layout.dp_shard}")
     assert f"ep={prepared.layout.ep}" in prepared.fit.choice and "FSDP alone" in prepared.fit.choice
+
+
+@pytest.mark.parametrize("model", ["8B", "30B-A3B"])
+def test_parallelism_auto_on_trn2_picks_only_aws_layout(model):
+    """AWS's TorchTitan Neuron recipes on trn2.48xlarge: TP4 x FSDP16, no expert parallel."""
+    prepared = prepare(_cfg([f"model={model}", "device=neuron", "parallelism=auto", "mode=plan"]))
+    layout = prepared.layout
+    assert (layout.tp, layout.dp_shard, layout.ep, layout.pp, layout.world_size) == (4, 16, 1, 1, 64)
+    assert "AWS's layouts on trn2.48xlarge" in prepared.fit.choice and "FSDP alone" not in prepared.fit.choice
+
+
+def test_parallelism_auto_on_trn2_refuses_a_world_without_aws_layout():
+    with pytest.raises(ConfigError, match="parallelism=auto on trn2.48xlarge .LNC=2. picks only the layouts AWS runs there"):
+        prepare(_cfg(["model=8B", "device=neuron", "launcher.nproc_per_node=2", "parallelism=auto", "mode=plan"]))
+
+
+@pytest.mark.parametrize("accelerator", ["trn2", "trn2-lnc1", "trn1"])
+def test_explicit_expert_parallel_on_trainium_is_refused_naming_the_all_to_all(accelerator):
+    args = ["backend=nki_moe", "model=30B-A3B", "device=neuron", f"device.accelerator={accelerator}", "mode=plan"]
+    with pytest.raises(ConfigError) as refused:
+        prepare(_cfg([*args, "launcher.nproc_per_node=64", "parallelism.ep=8"]))
+    message = str(refused.value)
+    assert message.startswith("parallelism.ep: expert parallel (ep=8) cannot run on trn")
+    assert "ProcessGroupNeuron.alltoall_base" in message and "NotImplementedError for uneven split sizes" in message
+    assert "\n" not in message
 
 
 def test_parallelism_auto_refuses_when_no_layout_of_the_ranks_fits():

@@ -1,117 +1,132 @@
-"""A packed Neuron job's ranks each see one NeuronCore of the job's slice.
+"""Which NeuronCore a rank uses: torchtitan's pick against torch-neuronx's, and the packing rule.
 
-torch-neuronx's process group (aws-neuron's torch-neuronx source, public mirror
-parmoham-aws/test-repo-parmoham, ``torch_neuronx/distributed/backend.py``: ``_set_rt_visible_cores``
-and ``_neuron_runtime_setup``) sets ``NEURON_RT_VISIBLE_CORES=LOCAL_RANK`` only where the variable
-is unset, starts the runtime on the cores it lists and asserts ``_vnc_count() == 1``: "Attempted to
-have more than one device per process in distributed setup". Device packing hands a job its slice
-as ``NEURON_RT_VISIBLE_CORES=a,b,...``; each rank must narrow it to its own core.
+The stand-in below follows the public mirror of aws-neuron's torch-neuronx
+(parmoham-aws/test-repo-parmoham, April 2026) line by line:
+
+- ``torch_neuronx/distributed/backend.py``, ``_set_rt_visible_cores``: NEURON_RT_VISIBLE_CORES is
+  set to LOCAL_RANK only where it is unset; ``_neuron_runtime_setup``: ``_set_local_world_size
+  (LOCAL_WORLD_SIZE)``, ``_set_local_device_start_index(local_rank)``, then ``nrt_init`` and
+  ``assert _vnc_count() == 1`` ("Attempted to have more than one device per process").
+- ``torch_neuronx/__init__.py``, ``set_device``: refuses an index ``>= device_count()``; before the
+  process group ``device_count()`` is the visible-core count (``vnc_count``,
+  ``csrc/core/NeuronDevice.cpp``), after it LOCAL_WORLD_SIZE.
+- ``csrc/core/NeuronDevice.cpp``, ``get_vnc_id``: a tensor on ``neuron:i`` with ``i`` below the start
+  index raises "Attempted to access device that doesn't attach to this process"; the one core a
+  rank sees is ``neuron:<start index>``.
+
+torchtitan's pick is its own code, run here: ``torchtitan.tools.utils.get_local_device`` (index 0
+where ``device_count()`` is 1, else LOCAL_RANK), on a device module standing in for
+``torch.neuron``'s ``device_count``.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import itertools
 
 import pytest
+import torchtitan.tools.utils as titan_utils
 
 from qwen3_trn import devices
-from qwen3_trn.devices import DeviceSpec, confine_rank_to_its_device
-from qwen3_trn.launch import packing
+from qwen3_trn.devices import DeviceSpec, neuron
+from qwen3_trn.launch.packing import SLICE_BINDERS
 from tests.conftest import in_process
 
-# Imported first by every interpreter the elastic agent starts (PYTHONPATH): the process-group
-# setup of torch_neuronx/distributed/backend.py, run where torch-neuronx runs it (when the
-# process group is created), recording what each rank saw.
-NEURON_PROCESS_GROUP_STANDIN = """
-import json, os
-import torch.distributed as dist
-
-_init_process_group = dist.init_process_group
+TRN2_CORES = 64
 
 
-def _visible_cores(value):
-    cores = []
-    for part in value.split(","):
-        first, _, last = part.partition("-")
-        cores += list(range(int(first), int(last) + 1)) if last else [int(first)]
-    return cores
+def _visible(value: str | None) -> int:
+    """The cores NEURON_RT_VISIBLE_CORES lists ("8,9" or "8-11"); unset: the whole instance."""
+    if not value:
+        return TRN2_CORES
+    return sum(int(last) - int(first) + 1 if last else 1 for first, _, last in (part.partition("-") for part in value.split(",")))
 
 
-def init_process_group(*args, **kwargs):
-    # _set_rt_visible_cores: LOCAL_RANK only when the user has not set the variable.
-    if not os.environ.get("NEURON_RT_VISIBLE_CORES"):
-        os.environ["NEURON_RT_VISIBLE_CORES"] = os.environ["LOCAL_RANK"]
-    cores = _visible_cores(os.environ["NEURON_RT_VISIBLE_CORES"])
-    record = os.path.join(os.environ["NEURON_STANDIN_RECORDS"], "rank" + os.environ["RANK"] + ".json")
-    with open(record, "w") as f:
-        json.dump({"local_rank": int(os.environ["LOCAL_RANK"]), "cores": cores}, f)
-    # _neuron_runtime_setup, after nrt_init on the visible cores:
-    assert len(cores) == 1, "Attempted to have more than one device per process in distributed setup"
-    return _init_process_group(*args, **kwargs)
+class NeuronStandIn:
+    """torch-neuronx's device state of one rank process (module docstring)."""
+
+    def __init__(self, environ: dict[str, str]):
+        self.environ = environ
+        self.local_world_size: int | None = None
+        self.start_index = 0
+
+    def device_count(self) -> int:
+        return self.local_world_size if self.local_world_size is not None else _visible(self.environ.get("NEURON_RT_VISIBLE_CORES"))
+
+    def set_device(self, index: int) -> None:
+        if index < 0 or index >= self.device_count():
+            raise ValueError(f"Invalid device id: {index}. Valid range is 0 to {self.device_count() - 1}")
+
+    def init_process_group(self) -> None:
+        if not self.environ.get("NEURON_RT_VISIBLE_CORES"):
+            self.environ["NEURON_RT_VISIBLE_CORES"] = self.environ["LOCAL_RANK"]
+        self.local_world_size = int(self.environ["LOCAL_WORLD_SIZE"])
+        self.start_index = int(self.environ["LOCAL_RANK"])
+        assert _visible(self.environ["NEURON_RT_VISIBLE_CORES"]) == 1, (
+            "Attempted to have more than one device per process in distributed setup"
+        )
+
+    def vnc_id(self, index: int) -> int:
+        if index < self.start_index:
+            raise ValueError("Attempted to access device that doesn't attach to this process")
+        return index - self.start_index
 
 
-dist.init_process_group = init_process_group
-"""
+def rank_agrees(environ: dict[str, str], monkeypatch) -> bool:
+    """torchtitan's Trainer: get_local_device, set_device, then the process group; then a tensor on its device."""
+    neuron_module = NeuronStandIn(environ)
+    monkeypatch.setattr(titan_utils, "device_module", neuron_module)
+    # torch-neuronx renames PrivateUse1 to "neuron" (process-wide, once); its own name does here
+    monkeypatch.setattr(titan_utils, "device_type", "privateuseone")
+    with monkeypatch.context() as env:
+        for key, value in environ.items():
+            env.setenv(key, value)
+        try:
+            device = titan_utils.get_local_device()
+            neuron_module.set_device(device.index)
+            neuron_module.init_process_group()
+            neuron_module.vnc_id(device.index)
+        except (ValueError, AssertionError):
+            return False
+    return True
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="packs a job onto two cores of this machine")
-def test_each_rank_of_a_packed_job_gets_its_own_core_of_the_slice(tmp_path, monkeypatch):
-    """A real two-rank job through the local launcher with device packing; the machine's two
-    packable slots stand for NeuronCores (the slice reaches the ranks through the Neuron binder)."""
-    standin = tmp_path / "standin"
-    standin.mkdir()
-    (standin / "sitecustomize.py").write_text(NEURON_PROCESS_GROUP_STANDIN)
-    records = tmp_path / "records"
-    records.mkdir()
-    bind_cpu = packing.SLICE_BINDERS["cpu"]
-    monkeypatch.setitem(packing.SLICE_BINDERS, "cpu", lambda slots: {**bind_cpu(slots), **packing.SLICE_BINDERS["neuron"](slots)})
-    run_dir = tmp_path / "run"
-    env = {
-        "PYTHONPATH": os.pathsep.join([str(standin), os.environ.get("PYTHONPATH", "")]),
-        "NEURON_STANDIN_RECORDS": str(records),
-        "QWEN3_TRN_SLOTS_DIR": str(tmp_path / "slots"),
-    }
-    args = ["launcher.nproc_per_node=2", "launcher.devices_per_job=2", "logger=none", "validation.enable=false"]
-    result = in_process([*args, "training.steps=1", "training.seq_len=32", "optimizer.warmup_steps=1"], run_dir, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    seen = [json.loads(path.read_text()) for path in sorted(records.glob("rank*.json"))]
-    slice_ = json.loads((run_dir / "device_slice.json").read_text())["slots"]
-    assert len(seen) == 2 and len(slice_) == 2
-    assert all(len(rank["cores"]) == 1 for rank in seen)
-    assert sorted(rank["cores"][0] for rank in seen) == sorted(slice_)  # distinct, within the slice
-    assert all(rank["cores"] == [slice_[rank["local_rank"]]] for rank in seen)
+def packed_job(cores: list[int], ranks: int) -> list[dict[str, str]]:
+    """Every rank's environment in a packed job: the slice's binder (qwen3_trn.launch.packing)."""
+    slice_env = SLICE_BINDERS["neuron"](cores)
+    return [{**slice_env, "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(ranks)} for rank in range(ranks)]
 
 
-@pytest.mark.parametrize(
-    ("visible", "local_rank", "expected"),
-    [("8,9,10,11", "2", "10"), ("8-11", "3", "11"), ("5", "0", "5")],
-)
-def test_a_rank_keeps_its_own_core_and_gets_the_slice_back(visible, local_rank, expected):
-    environ = {"NEURON_RT_VISIBLE_CORES": visible, "LOCAL_RANK": local_rank}
-    with confine_rank_to_its_device(environ):
-        assert environ["NEURON_RT_VISIBLE_CORES"] == expected
-    assert environ["NEURON_RT_VISIBLE_CORES"] == visible
+def test_an_unpacked_job_agrees_on_every_rank(monkeypatch):
+    ranks = [{"LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(TRN2_CORES)} for rank in (0, 1, 37, 63)]
+    assert all(rank_agrees(environ, monkeypatch) for environ in ranks)
 
 
-def test_a_rank_beyond_the_slice_is_told_why():
-    environ = {"NEURON_RT_VISIBLE_CORES": "8,9", "LOCAL_RANK": "2"}
-    with pytest.raises(RuntimeError, match="launcher.nproc_per_node"):
-        with confine_rank_to_its_device(environ):
-            pass
+# Jobs of at most one rank per core (a rank takes a core of its own).
+@pytest.mark.parametrize(("devices_per_job", "ranks"), [(d, r) for d, r in itertools.product((1, 2, 4), (1, 2, 4)) if r <= d])
+def test_packing_rule_refuses_exactly_the_jobs_whose_ranks_disagree(devices_per_job, ranks, monkeypatch):
+    cores = list(range(8, 8 + devices_per_job))
+    agrees = all(rank_agrees(environ, monkeypatch) for environ in packed_job(cores, ranks))
+    assert (neuron.packing_refusal(devices_per_job, ranks) is None) == agrees
 
 
-def test_ranks_without_the_variable_are_left_alone():
-    environ: dict[str, str] = {"LOCAL_RANK": "1"}
-    with confine_rank_to_its_device(environ):
-        assert "NEURON_RT_VISIBLE_CORES" not in environ
+def test_narrowing_each_rank_to_its_own_core_disagrees_for_every_rank_but_the_first(monkeypatch):
+    """What a packed job did before: each rank's NEURON_RT_VISIBLE_CORES narrowed to its core of the slice."""
+    narrowed = [{**environ, "NEURON_RT_VISIBLE_CORES": str(8 + rank)} for rank, environ in enumerate(packed_job([8, 9, 10], 3))]
+    assert [rank_agrees(environ, monkeypatch) for environ in narrowed] == [True, False, False]
 
 
-def test_a_packed_neuron_job_with_more_ranks_than_cores_is_refused_before_any_rank(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("devices_per_job", "nproc"), [(2, 2), (2, -1), (1, 1)])
+def test_a_packed_neuron_job_is_refused_before_any_rank_unless_one_rank_on_one_core(devices_per_job, nproc, tmp_path, monkeypatch):
     """On a machine whose device probe finds NeuronCores (stood in: torch-neuronx is not here)."""
     cores = DeviceSpec(type="neuron", count=8, default_attention="sdpa", visible_devices_env="NEURON_RT_VISIBLE_CORES")
     monkeypatch.setitem(devices.DEVICES, "neuron", lambda: cores)
-    args = ["device=neuron", "launcher.devices_per_job=2", "launcher.nproc_per_node=4", "logger=none"]
-    result = in_process(args, tmp_path / "run")
+    args = ["device=neuron", f"launcher.devices_per_job={devices_per_job}", f"launcher.nproc_per_node={nproc}", "logger=none"]
+    result = in_process([*args, "mode=plan", "model=debugmodel"], tmp_path / "run")
+    if devices_per_job == 1:
+        assert result.returncode == 0, result.stderr[-2000:]
+        return
     assert result.returncode == 2, result.stderr[-2000:]
-    assert "launcher.nproc_per_node" in result.stderr and "launcher.devices_per_job=2" in result.stderr
+    error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "launcher.devices_per_job" in error[0], result.stderr[-2000:]
+    assert "start index to its LOCAL_RANK" in error[0]
+    assert "torch_neuronx/distributed/backend.py" in error[0]

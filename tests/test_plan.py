@@ -16,7 +16,8 @@ def test_plan_for_trainium_prints_world_torchrun_and_trainer_config(run_dir):
     )
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "world 64 = 1 node(s) x 64 rank(s)" in out and "dp_shard=64" in out
+    # AWS's recipe layout on trn2.48xlarge: TP4 x FSDP16, selective activation checkpointing
+    assert "world 64 = 1 node(s) x 64 rank(s): dp_replicate=1, dp_shard=16, cp=1, tp=4, pp=1, ep=1" in out
     assert "NeuronCore LOCAL_RANK" in out
     assert (
         f"NEURON_LOGICAL_NC_CONFIG=2 torchrun --nnodes=1 --nproc_per_node=64 --rdzv_backend=c10d "
@@ -26,6 +27,7 @@ def test_plan_for_trainium_prints_world_torchrun_and_trainer_config(run_dir):
     assert f"torchtitan Trainer.Config: {run_dir}/trainer_config.json" in out and '"grad_clip"' not in out
     trainer_config = (run_dir / "trainer_config.json").read_text()
     assert '"backend": "neuron"' in trainer_config and '"grad_clip"' in trainer_config
+    assert "activation_checkpoint: selective" in (run_dir / "config.yaml").read_text()
     assert (run_dir / "plan.txt").read_text() == out
     assert not (run_dir / "metrics.jsonl").exists()
     # torchtitan-neuron's fork compiles grad_clip (compile=neuron's list); upstream, here, does not
@@ -40,7 +42,7 @@ def test_check_builds_rank0_of_64_on_fake_backend(run_dir):
     assert result.returncode == 0, result.stderr[-3000:]
     check = json.loads(result.stdout.split("== Fake-backend check ==")[1].strip().splitlines()[0])
     assert check["world_size"] == 64
-    # FSDP shards the parameters 64 ways: rank 0 holds about 1/64 of them
+    # TP4 x FSDP16 shards the parameters 64 ways: rank 0 holds about 1/64 of them
     assert check["parameters"] / 80 < check["rank0_local_parameters"] < check["parameters"] / 50
 
 
@@ -57,3 +59,21 @@ def test_plan_of_the_largest_moe_fits_on_a_screen_and_reads_as_written(run_dir):
     assert "<" not in out.split("== World ==")[0].replace("<absent>", ""), "a Python repr in the differences"
     assert f"resolved config: {run_dir}/config.yaml" in out
     assert len((run_dir / "trainer_config.json").read_text().splitlines()) > 1000  # the full dump, one block per layer
+
+
+@pytest.mark.parametrize("model", ["8B", "30B-A3B"])
+def test_plan_on_trn2_with_parallelism_auto_shows_aws_layout_without_expert_parallel(model, run_dir):
+    args = ["mode=plan", "device=neuron", "experiment=trn2_48xlarge", f"model={model}", "parallelism=auto", f"hydra.run.dir={run_dir}"]
+    result = command_in_process(args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "world 64 = 1 node(s) x 64 rank(s): dp_replicate=1, dp_shard=16, cp=1, tp=4, pp=1, ep=1" in result.stdout
+    assert "layout chosen by parallelism=auto: dp_shard=16, tp=4:" in result.stdout
+
+
+def test_expert_parallel_on_trn2_exits_2_with_one_paragraph(run_dir):
+    args = ["mode=plan", "device=neuron", "experiment=trn2_48xlarge", "model=30B-A3B", "parallelism.ep=8", f"hydra.run.dir={run_dir}"]
+    result = command_in_process(args)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "parallelism.ep" in error[0] and "trn2.48xlarge" in error[0]
+    assert "ProcessGroupNeuron.alltoall_base" in error[0] and "NotImplementedError" in error[0]

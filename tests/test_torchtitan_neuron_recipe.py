@@ -1,5 +1,6 @@
 """``backend.kernels=torchtitan_neuron``: the model of torchtitan-neuron's own NKI MoE recipe,
-``qwen3_nki_moe_config``, which ``kernels=auto`` prefers on Neuron where it imports.
+``qwen3_nki_moe_config``, chosen by name (``kernels=auto`` follows AWS's Neuron 2.34 recipes to
+torch._grouped_mm instead).
 
 torchtitan-neuron cannot be installed here (its PyPI name is a placeholder) and its source was not
 found, so a stand-in package in the test's tmp dir provides
@@ -60,7 +61,15 @@ def qwen3_nki_moe_config({parameters}) -> Trainer.Config:
 '''
 # The article's call: the flavor by position, the rest by keyword.
 ARTICLE_SIGNATURE = "flavor, *, compile_config, n_layers=48, num_experts=128, top_k=8"
-SEED_COMMAND = ["backend=nki_moe", "device=neuron", "model=30B-A3B", "model.n_layers=4", "model.num_experts=64", "model.top_k=4"]
+SEED_COMMAND = [
+    "backend=nki_moe",
+    "backend.kernels=torchtitan_neuron",
+    "device=neuron",
+    "model=30B-A3B",
+    "model.n_layers=4",
+    "model.num_experts=64",
+    "model.top_k=4",
+]
 SEED_CALL = {
     "flavor": "30B-A3B",
     "compile_config": {"enable": False, "enable_async_tensor_parallel": False, "components": ["model", "loss"], "backend": "neuron"},
@@ -103,7 +112,7 @@ def test_check_builds_rank_0_from_the_recipe_called_with_the_seed_arguments(stan
     done = in_process([*SEED_COMMAND, "mode=check"], run_dir)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "kernel: torchtitan_neuron\nkernels_requested: torchtitan_neuron" in done.stdout
-    # kernels=auto chose the recipe: every process starts from a config that names it
+    # every process starts from a config that names the recipe
     assert "  kernels: torchtitan_neuron" in (run_dir / "config.yaml").read_text()
     recorded = [json.loads(line) for line in calls.read_text().splitlines()]
     seed_calls = [call for call in recorded if {k: v for k, v in call.items() if k != "pid"} == SEED_CALL]
@@ -119,7 +128,7 @@ def test_a_recipe_with_another_signature_is_refused(stand_in, run_dir):
     stand_in("flavor, *, compile_config, n_layers, num_experts, experts_per_token")
     done = in_process([*SEED_COMMAND, "mode=plan"], run_dir)
     assert done.returncode == 2, done.stderr[-3000:]
-    assert "backend.kernels: kernels=auto chose torchtitan_neuron, which cannot run:" in done.stderr
+    assert "backend.kernels: kernels=torchtitan_neuron cannot run:" in done.stderr
     assert "qwen3_nki_moe_config(flavor, *, compile_config, n_layers, num_experts, experts_per_token)" in done.stderr
     assert "it takes no keyword parameter 'top_k'; it requires 'experts_per_token'" in done.stderr
 
@@ -129,20 +138,23 @@ def backend_and_run(overrides: list[str], tmp_path: Path):
     return build_backend(cfg.backend), cfg
 
 
-def test_auto_prefers_the_recipe_only_on_neuron_where_it_imports(stand_in, tmp_path):
-    backend, _ = backend_and_run([], tmp_path)
-    neuron = planned_device("neuron")
-    assert not backend.uses_recipe(neuron)  # not installed
+def test_auto_keeps_aws_measured_grouped_mm_where_the_recipe_imports(stand_in, tmp_path):
+    """AWS's Neuron 2.34 MoE recipes left the blockwise NKI kernels for torch._grouped_mm."""
     stand_in()
-    assert backend.uses_recipe(neuron) and not backend.uses_recipe(planned_device("cpu"))
+    backend, cfg = backend_and_run([], tmp_path)
+    neuron = planned_device("neuron")
+    assert not backend.uses_recipe() and backend.kernel_name(neuron) == "grouped_mm"
     explicit, cfg = backend_and_run(["backend.kernels=torchtitan_neuron"], tmp_path)
+    assert explicit.uses_recipe() and explicit.kernel_name(neuron) == "torchtitan_neuron"
     with pytest.raises(ConfigError, match="its model runs NKI kernels, on neuron, not cpu"):
         explicit.validate(cfg, explicit.architecture(cfg), planned_device("cpu"))
 
 
 def test_the_recipe_must_build_the_model_the_project_describes(stand_in, tmp_path, monkeypatch):
     stand_in()
-    backend, cfg = backend_and_run(["model.n_layers=4", "model.num_experts=64", "model.top_k=4"], tmp_path)
+    backend, cfg = backend_and_run(
+        ["backend.kernels=torchtitan_neuron", "model.n_layers=4", "model.num_experts=64", "model.top_k=4"], tmp_path
+    )
     arch = backend.architecture(cfg)
     assert len(backend.model_spec(cfg, arch, planned_device("neuron")).model.layers) == 4
     aws = torchtitan_neuron.recipe()
@@ -157,7 +169,7 @@ def test_the_recipe_must_build_the_model_the_project_describes(stand_in, tmp_pat
 
 def test_a_sweep_over_top_k_and_n_layers_calls_the_recipe_with_each(stand_in, tmp_path):
     calls = stand_in()
-    sweep = ["backend=nki_moe", "device=neuron", "model=30B-A3B", "model.num_experts=64", "model.n_layers=2,4", "model.top_k=2,4"]
+    sweep = [*SEED_COMMAND[:4], "model.num_experts=64", "model.n_layers=2,4", "model.top_k=2,4"]
     done = command_in_process(["-m", *sweep, "mode=plan", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
     assert done.returncode == 0, done.stderr[-3000:]
     jobs = json.loads((tmp_path / "sweep" / "manifest.json").read_text())["jobs"]

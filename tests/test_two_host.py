@@ -77,7 +77,14 @@ def _placements(run_dirs: list[Path]) -> dict[int, str]:
 
 # AWS's multi-node recipe (conf/experiment/trn2_multinode.yaml: its Neuron/EFA environment, one
 # job of two nodes) on CPU ranks, sharded over the whole world as the one-host reference is.
-TRN2_ON_CPU = ["experiment=trn2_multinode", "device=cpu", "parallelism.dp_replicate=1", "parallelism.dp_shard=-1"]
+TRN2_ON_CPU = [
+    "experiment=trn2_multinode",
+    "device=cpu",
+    "parallelism.dp_replicate=1",
+    "parallelism.dp_shard=-1",
+    "parallelism.tp=1",
+    "training.activation_checkpoint=none",
+]
 TRN2_ENV = "NEURON_LOGICAL_NC_CONFIG=2, FI_PROVIDER=efa, FI_EFA_USE_DEVICE_RDMA=1, FI_EFA_FORK_SAFE=1"
 
 

@@ -29,11 +29,11 @@ from qwen3_trn.local_tensors import local_tensor
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.attention import inner_attention_config, resolve_attention
 from qwen3_trn.models.qwen3 import native_model_spec
-from qwen3_trn.models.torchtitan_neuron import recipe, recipe_model_spec, unavailable_reason
+from qwen3_trn.models.torchtitan_neuron import recipe_model_spec, unavailable_reason
 from qwen3_trn.titan import ModelSpec, expert_weights
 
 # backend.kernels: the model of torchtitan-neuron's own NKI MoE recipe (qwen3_trn.models.torchtitan_neuron),
-# which kernels=auto prefers on Neuron where torchtitan-neuron provides it.
+# chosen by name only: AWS's Neuron 2.34 recipes left it for torch._grouped_mm, which kernels=auto picks.
 TORCHTITAN_NEURON = "torchtitan_neuron"
 
 # Trainium's grouped matmul needs expert token groups in multiples of this many rows.
@@ -46,15 +46,14 @@ class NkiMoeBackend(Backend):
     description = "Qwen3 MoE with kernel-backed experts (NKI on Trainium, portable kernels elsewhere)"
     config: Config
 
-    def uses_recipe(self, device: DeviceSpec) -> bool:
+    def uses_recipe(self) -> bool:
         """Whether the model comes from torchtitan-neuron's recipe rather than the project's kernels."""
-        requested = self.config.kernels
-        return requested == TORCHTITAN_NEURON or (requested == "auto" and device.type == "neuron" and recipe() is not None)
+        return self.config.kernels == TORCHTITAN_NEURON
 
     def kernel_name(self, device: DeviceSpec, problem: dict[str, int] | None = None, where: str = "") -> str:
         """The kernel ``backend.kernels`` resolves to on ``device`` for ``problem`` (one rank's
         shapes); ``where`` says whose shapes they are in an error."""
-        if self.uses_recipe(device):
+        if self.uses_recipe():
             return TORCHTITAN_NEURON
         try:
             return resolved_kernel_name(self.config.kernels, device.type, **(problem or {}))
@@ -83,7 +82,7 @@ class NkiMoeBackend(Backend):
         )
 
     def model_spec(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> ModelSpec:
-        if self.uses_recipe(device):
+        if self.uses_recipe():
             return recipe_model_spec(cfg, arch)
         attention = resolve_attention(cfg.model.attention, device.default_attention)
         converter = KernelExpertsConverter.Config(kernel=self.config.kernels)
@@ -96,14 +95,14 @@ class NkiMoeBackend(Backend):
                 f"backend=nki_moe trains mixture-of-experts models, but model={cfg.model.flavor} is dense; "
                 "choose an MoE model (tiny_moe, debugmodel_moe, 30B-A3B, 235B-A22B) or backend=native.",
             )
-        if self.uses_recipe(device):
+        if self.uses_recipe():
             reason = unavailable_reason() or (
                 None if device.type == "neuron" else f"its model runs NKI kernels, on neuron, not {device.type}"
             )
             if reason is not None:
                 raise ConfigError(
                     "backend.kernels",
-                    f"kernels={self.config.kernels} chose {TORCHTITAN_NEURON}, which cannot run: {reason}. Use backend.kernels=nki or portable.",
+                    f"kernels={TORCHTITAN_NEURON} cannot run: {reason}. Use backend.kernels=auto, nki or portable.",
                 )
         self.kernel_name(device)
         if device.type == "neuron":
@@ -117,11 +116,6 @@ class NkiMoeBackend(Backend):
                 )
             except TokenGroupAlignmentError as exc:
                 raise ConfigError("training.seq_len", str(exc)) from exc
-
-    def settle(self, device: DeviceSpec) -> None:
-        # Every process then builds the model the plan names (the fake-backend check builds on cpu).
-        if self.uses_recipe(device):
-            self.config.kernels = TORCHTITAN_NEURON
 
     def validate_sharded(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec, degrees: ShardingDegrees) -> None:
         if not arch.is_moe:

@@ -6,15 +6,15 @@ present on this machine, or the reason it is not.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import os
-from typing import Callable, Iterator, MutableMapping
+from pathlib import Path
+from typing import Callable
 
 import torch
 
-from qwen3_trn.devices import cpu
+from qwen3_trn.devices import cpu, neuron
 from qwen3_trn.devices.base import DeviceSpec
 from qwen3_trn.errors import ConfigError
 
@@ -22,8 +22,8 @@ __all__ = [
     "DeviceSpec",
     "DEVICES",
     "AUTO_ORDER",
-    "ONE_DEVICE_PER_PROCESS_ENV",
-    "confine_rank_to_its_device",
+    "PACKING_RULES",
+    "SHARED_RANK_ENV",
     "planned_device",
     "probe_device",
     "resolve_device",
@@ -56,16 +56,6 @@ def _probe_cuda() -> DeviceSpec:
     )
 
 
-def _activate_neuron(compute_dtype: str = "float32") -> None:
-    # torch-neuronx registers the "neuron" device and process-group backend on import;
-    # torchtitan-neuron, when installed, adds its models and Neuron-specific components.
-    importlib.import_module("torch_neuronx")
-    try:
-        importlib.import_module("torchtitan_neuron")
-    except ImportError:
-        pass
-
-
 def _probe_neuron() -> DeviceSpec:
     try:
         importlib.import_module("torch_neuronx")
@@ -85,7 +75,7 @@ def _probe_neuron() -> DeviceSpec:
         count=count,
         default_attention=DEFAULT_ATTENTION["neuron"],
         visible_devices_env="NEURON_RT_VISIBLE_CORES",
-        activate=_activate_neuron,
+        activate=neuron.activate,
     )
 
 
@@ -98,46 +88,14 @@ AUTO_ORDER = ("neuron", "cuda", "cpu")
 DEFAULT_ATTENTION = {"neuron": "sdpa", "cuda": "flex", "cpu": "sdpa"}
 
 
-# Variables that list the devices a process may use, where the distributed backend takes exactly
-# one per process. torch-neuronx's process group (torch_neuronx/distributed/backend.py,
-# ``_neuron_runtime_setup``) sets NEURON_RT_VISIBLE_CORES to LOCAL_RANK only when it is unset,
-# then asserts that the process sees one core; a packed job's ranks all inherit the job's slice
-# ``a,b,...`` (qwen3_trn.launch.packing), so each rank keeps its own core of it.
-ONE_DEVICE_PER_PROCESS_ENV = ("NEURON_RT_VISIBLE_CORES",)
-
-
-def _listed_devices(value: str) -> list[str]:
-    """``"8,9"`` or ``"8-11"`` (the Neuron runtime's two forms) -> the devices, in order."""
-    devices = []
-    for part in value.split(","):
-        first, _, last = part.strip().partition("-")
-        devices += [str(i) for i in range(int(first), int(last) + 1)] if last else [first]
-    return devices
-
-
-@contextlib.contextmanager
-def confine_rank_to_its_device(environ: MutableMapping[str, str] = os.environ) -> Iterator[None]:
-    """In a rank's process, before any device runtime starts: where a variable of
-    ``ONE_DEVICE_PER_PROCESS_ENV`` lists several devices (a packed job's slice), keep the
-    rank's own, the LOCAL_RANK-th; restored on exit (a one-rank world trains in the launching
-    process)."""
-    saved = {variable: environ[variable] for variable in ONE_DEVICE_PER_PROCESS_ENV if variable in environ}
-    for variable, value in saved.items():
-        devices = _listed_devices(value)
-        if len(devices) <= 1:
-            continue
-        local_rank = int(environ.get("LOCAL_RANK", "0"))
-        if local_rank >= len(devices):
-            raise RuntimeError(
-                f"local rank {local_rank} has no device of its own: {variable}={value} lists {len(devices)}, and each "
-                "rank takes one. Start at most that many ranks per node (launcher.nproc_per_node), or give the job one "
-                "device per rank (launcher.devices_per_job)."
-            )
-        environ[variable] = devices[local_rank]
-    try:
-        yield
-    finally:
-        environ.update(saved)
+# Why a packed job (launcher.devices_per_job, nproc_per_node) cannot run on a device type, or None.
+PACKING_RULES: dict[str, Callable[[int, int], str | None]] = {
+    "neuron": neuron.packing_refusal,
+}
+# Per device type: the environment every rank of a job gets, given a directory all its nodes share.
+SHARED_RANK_ENV: dict[str, Callable[[Path], dict[str, str]]] = {
+    "neuron": neuron.neff_cache_env,
+}
 
 
 def planned_device(name: str) -> DeviceSpec:

@@ -26,6 +26,7 @@ from qwen3_trn.fit.memory import GIB, MemoryEstimate
 from qwen3_trn.fit.remedies import remedies
 from qwen3_trn.fit.report import FitReport
 from qwen3_trn.fit.solver import solve
+from qwen3_trn.fit.vendor_layouts import check_vendor_layout, vendor_layouts
 from qwen3_trn.layout import Layout
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.titan import Trainer
@@ -36,6 +37,7 @@ __all__ = [
     "MemoryEstimate",
     "assess",
     "auto_layout",
+    "check_vendor_layout",
     "chosen_parallelism",
     "planned_ranks_per_node",
     "preflight",
@@ -106,10 +108,11 @@ def planned_ranks_per_node(cfg: RunConfig, device: DeviceSpec) -> int:
 def auto_layout(
     cfg: RunConfig, device: DeviceSpec, arch: Qwen3Architecture, trainer_config: Trainer.Config, nnodes: int, nproc_per_node: int
 ) -> tuple[Layout, str]:
-    """``parallelism=auto``: the fitting layout of ``nnodes x nproc_per_node`` ranks that communicates least."""
+    """``parallelism=auto``: the fitting layout of ``nnodes x nproc_per_node`` ranks that communicates least,
+    among the vendor's layouts where the instance type has them (``fit.vendor_layouts``)."""
     model = StepModel.of(cfg, device, arch, trainer_config)
     budget = device_memory(cfg.device, cfg.launcher, device, nproc_per_node)
-    return solve(model, nnodes, nproc_per_node, budget)
+    return solve(model, nnodes, nproc_per_node, budget, vendor_layouts(cfg, device))
 
 
 def chosen_parallelism(parallelism: ParallelismConfig, layout: Layout) -> ParallelismConfig:

@@ -28,6 +28,7 @@ from qwen3_trn.fit.device_memory import DeviceMemory
 from qwen3_trn.fit.estimate import StepModel, estimate
 from qwen3_trn.fit.layers import rank0_stages
 from qwen3_trn.fit.memory import GIB, MemoryEstimate
+from qwen3_trn.fit.vendor_layouts import VendorLayouts
 from qwen3_trn.layout import Layout
 
 INTER_NODE = 8.0
@@ -125,19 +126,33 @@ def _name(layout: Layout) -> str:
     return ", ".join(parts) or "one rank"
 
 
-def candidates(model: StepModel, nnodes: int, nproc_per_node: int, budget: DeviceMemory) -> list[Candidate]:
+def candidates(
+    model: StepModel, nnodes: int, nproc_per_node: int, budget: DeviceMemory, rules: VendorLayouts | None = None
+) -> list[Candidate]:
+    """Every layout torchtitan accepts (only those of the vendor's recipes where ``rules`` is given), estimated."""
     found = []
     for layout in candidate_layouts(model, nnodes, nproc_per_node):
+        if rules is not None and not rules.admits(layout):
+            continue
         memory = estimate(model, layout, budget.per_rank, probe=False)
         found.append(Candidate(layout=layout, memory=memory, communication=communication(model, layout)))
     return found
 
 
-def solve(model: StepModel, nnodes: int, nproc_per_node: int, budget: DeviceMemory) -> tuple[Layout, str]:
-    """The chosen layout and, in words, why."""
-    every = candidates(model, nnodes, nproc_per_node, budget)
-    fitting = sorted((c for c in every if c.memory.total <= budget.per_rank), key=Candidate.key)
+def solve(
+    model: StepModel, nnodes: int, nproc_per_node: int, budget: DeviceMemory, rules: VendorLayouts | None = None
+) -> tuple[Layout, str]:
+    """The chosen layout and, in words, why. ``rules``: the instance type's vendor layouts, the only candidates then."""
+    every = candidates(model, nnodes, nproc_per_node, budget, rules)
     world = nnodes * nproc_per_node
+    if not every:
+        raise ConfigError(
+            "parallelism",
+            f"parallelism=auto on {rules.instance} picks only the layouts AWS runs there ({rules.describe()}), and none of "
+            f"them suits {world} ranks of this model (tensor parallel must divide the ranks of a node and the attention heads); "
+            "give the degrees explicitly (parallelism.tp, parallelism.dp_shard) or run AWS's layout's number of ranks.",
+        )
+    fitting = sorted((c for c in every if c.memory.total <= budget.per_rank), key=Candidate.key)
     if not fitting:
         best = min(every, key=lambda c: c.memory.total)
         raise ConfigError(
@@ -151,11 +166,15 @@ def solve(model: StepModel, nnodes: int, nproc_per_node: int, budget: DeviceMemo
     headroom = (budget.per_rank - chosen.memory.total) / GIB
     tier = "pipeline stages" if chosen.layout.pp > 1 else "tensor parallel" if chosen.layout.tp > 1 else "FSDP"
     needed = {"FSDP": "", "tensor parallel": " (no layout without it fits)", "pipeline stages": " (no layout without them fits)"}[tier]
+    if rules is not None:
+        tier, needed = f"AWS's layouts on {rules.instance}", ""
     reason = (
-        f"{_name(chosen.layout)}: {len(fitting)} of {len(every)} layouts of {world} ranks fit; among those with "
+        f"{_name(chosen.layout)}: {len(fitting)} of {len(every)} layouts of {world} ranks fit; among {'those with ' if rules is None else ''}"
         f"{tier}{needed} this one moves the fewest bytes per rank and step (~{chosen.communication / 1e9:.3g} GB, "
         f"heuristic); headroom {headroom:.1f} GiB per rank"
     )
+    if rules is not None:  # FSDP alone is not among the vendor's layouts
+        return chosen.layout, f"{reason}; AWS's layouts: {rules.describe()}"
     plain = next((c for c in fitting if (c.layout.tp, c.layout.pp, c.layout.ep, c.layout.dp_replicate) == (1, 1, 1, 1)), None)
     if plain is not None and plain is not chosen:
         reason += f"; FSDP alone fits too but moves ~{plain.communication / 1e9:.3g} GB"

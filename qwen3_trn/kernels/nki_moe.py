@@ -163,13 +163,25 @@ def _missing_arguments(kernel: Any, call: NkiKernelCall) -> str | None:
     return None
 
 
+# torch-neuronx launches NKI kernels through nki's V2 front end: where ``nki`` lacks it,
+# torch_neuronx/nki_kernel.py sets this flag False and its ``UnifiedKernelV2`` is a placeholder
+# whose constructor raises NotImplementedError at the first launch.
+NKI_V2_FLAG = ("torch_neuronx.nki_kernel", "IS_NKI_V2_AVAILABLE")
+
+
 def probe_nki() -> str | None:
     """None when everything the nki launches call imports, else what is missing and how to fix it."""
-    for module, path in NKI_IMPORTS:
+    for module, path in (*NKI_IMPORTS, NKI_V2_FLAG):
         try:
             _resolve(module, path)
         except Exception as exc:  # noqa: BLE001 - any import failure makes NKI unusable
             return f"{module}.{path} cannot be used ({type(exc).__name__}: {exc}). {_INSTALL_HINT}"
+    if _resolve(*NKI_V2_FLAG) is not True:
+        return (
+            f"{'.'.join(NKI_V2_FLAG)} is False: this torch-neuronx found no nki V2 (nki.compiler.backends.neuron."
+            "FrameworkKernel), so its first NKI launch raises NotImplementedError. Install the nki package of the same "
+            f"Neuron SDK release. {_INSTALL_HINT}"
+        )
     for call in (FORWARD_KERNEL, BACKWARD_KERNEL):
         reason = _missing_arguments(_resolve(call.module, call.name), call)
         if reason is not None:
@@ -225,9 +237,12 @@ NKI_KERNEL_LIMITS: tuple[NkiKernelLimit, ...] = (
         f"{_SHARD_ON_I} (check_blockwise_mm_shard_I_kernel_compatibility)",
     ),
     NkiKernelLimit(
-        lambda s: s.logical_cores in (1, 2),
-        lambda s: f"{LOGICAL_CORES_ENV}={s.logical_cores}: the kernels run on 1 or 2 logical NeuronCores",
-        f"{_SHARD_ON_I} (NUM_SHARDS 1 or 2, else 'unsupported NUM_SHARDS')",
+        lambda s: s.logical_cores == 2,
+        lambda s: (
+            f"{LOGICAL_CORES_ENV}={s.logical_cores}: the forward kernel needs 2 logical NeuronCores (LNC=2); its trace "
+            "exchanges each block's output with the other shard (sendrecv to rank 1 - shard_id, the second shard's tiles)"
+        ),
+        f"{_SHARD_ON_I} (compute_down_proj_shard_on_intermediate)",
     ),
     NkiKernelLimit(
         lambda s: s.dim % s.logical_cores == 0 and (s.dim // s.logical_cores) % 32 == 0,

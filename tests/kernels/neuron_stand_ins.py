@@ -17,9 +17,13 @@ what the project's code must get right to run there:
   not ``Hashable``. The launch itself is an operator in the graph (the HOP
   ``nki_kernel_wrapper``) whose fake returns the kernel's output shapes.
 * ``get_logical_neuron_cores`` — ``torch_neuronx/utils.py``: the env value, a string.
+* ``IS_NKI_V2_AVAILABLE`` — ``torch_neuronx/nki_kernel.py``: True where nki's V2 front end
+  (``nki.compiler.backends.neuron.FrameworkKernel``) imports; else ``UnifiedKernelV2`` is a
+  placeholder that raises NotImplementedError when the first launch builds it.
 * The kernels — aws-neuron/nki-library: ``blockwise_mm_baseline_shard_intermediate``
-  (``nkilib/core/moe/moe_cte/bwmm_shard_on_I.py``: signature, returns, and
-  ``check_blockwise_mm_shard_I_kernel_compatibility``), ``blockwise_mm_bwd``
+  (``nkilib/core/moe/moe_cte/bwmm_shard_on_I.py``: signature, returns,
+  ``check_blockwise_mm_shard_I_kernel_compatibility`` and the two shards
+  ``compute_down_proj_shard_on_intermediate`` exchanges blocks between), ``blockwise_mm_bwd``
   (``nkilib/experimental/moe/bwd/blockwise_mm_backward.py`` with ``MOEBwdParameters.validate``
   and ``validate_sharding`` of ``moe_bwd_parameters.py``), ``ExpertAffinityScaleMode``
   (``nkilib/core/utils/common_types.py``).
@@ -125,6 +129,9 @@ def _forward_checks(args: dict[str, Any], logical_cores: int) -> None:
     kernel_assert(dim % 512 == 0, f"Hidden dim size must be multiples of 512, found {dim}")
     kernel_assert(hidden % 16 == 0, f"down_proj_weight I must be divisible by 16, found {hidden}")
     kernel_assert(logical_cores in (1, 2), "unsupported NUM_SHARDS")
+    # compute_down_proj_shard_on_intermediate exchanges each block with shard ``1 - shard_id`` and
+    # indexes its tiles: with one shard the trace reaches past the block's tiles to a shard that is not there.
+    kernel_assert(logical_cores == 2, "compute_down_proj_shard_on_intermediate: sendrecv to rank 1 - shard_id needs 2 shards")
     # The project's launch asks for the outputs its backward needs, scaled as moe_cte does.
     kernel_assert(args["checkpoint_activation"] and not args["expert_affinity_multiply_on_I"], "project launch: checkpoints on H")
     kernel_assert(args["expert_affinities_scaling_mode"] is ExpertAffinityScaleMode.POST_SCALE, "project launch: POST_SCALE")
@@ -350,9 +357,12 @@ def nki_op(name: str, fn: Callable | None = None, mutates_args: Any = {}) -> Cal
     return dec if fn is None else dec(fn)
 
 
-def install(monkeypatch: Any, *, leave_out: tuple[str, ...] = (), kernels: dict[str, StandInKernel] | None = None) -> NeuronStack:
+def install(
+    monkeypatch: Any, *, leave_out: tuple[str, ...] = (), kernels: dict[str, StandInKernel] | None = None, nki_v2: bool = True
+) -> NeuronStack:
     """Put the stand-in modules in ``sys.modules``; ``leave_out``: ``module`` or ``module:attr``
-    to leave missing (an nki-library without that kernel); ``kernels``: other kernel versions."""
+    to leave missing (an nki-library without that kernel); ``kernels``: other kernel versions;
+    ``nki_v2``: torch-neuronx's ``IS_NKI_V2_AVAILABLE``."""
     stack = _ACTIVE
     stack.reset()
     chosen = {"forward": FORWARD, "backward": BACKWARD, **(kernels or {})}
@@ -371,6 +381,8 @@ def install(monkeypatch: Any, *, leave_out: tuple[str, ...] = (), kernels: dict[
         "nki": {},
         "torch_neuronx": {"nki_op": nki_op, "wrap_nki": wrap_nki},
         "torch_neuronx.utils": {"get_logical_neuron_cores": lambda: str(LNC)},
+        # torch_neuronx/nki_kernel.py: True where ``nki.compiler.backends.neuron.FrameworkKernel`` imports
+        "torch_neuronx.nki_kernel": {"IS_NKI_V2_AVAILABLE": nki_v2},
         "nkilib": {},
         "nkilib.core": {},
         "nkilib.core.utils": {},

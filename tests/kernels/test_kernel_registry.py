@@ -62,7 +62,7 @@ def test_explicit_requests_never_fall_back(vendor_kernel_on_cpu):
 
 
 def test_every_device_lists_registered_kernels_and_keeps_its_portable_default():
-    assert DEVICE_KERNELS == {"neuron": ("nki", "grouped_mm"), "cpu": ("grouped_mm", "padded_bmm"), "cuda": ("grouped_mm", "padded_bmm")}
+    assert DEVICE_KERNELS == {"neuron": ("grouped_mm", "nki"), "cpu": ("grouped_mm", "padded_bmm"), "cuda": ("grouped_mm", "padded_bmm")}
     assert {name for names in DEVICE_KERNELS.values() for name in names} == set(KERNELS)
     assert {device: select_kernel("portable", device).name for device in DEVICE_KERNELS} == dict.fromkeys(DEVICE_KERNELS, "grouped_mm")
 
@@ -137,18 +137,18 @@ def test_nki_is_never_selected_off_neuron_devices(monkeypatch):
     assert resolved_kernel_name("auto", "cpu") == "grouped_mm"
 
 
-def test_nki_selected_when_its_imports_succeed(monkeypatch):
-    # The availability probe is the honest seam: NKI cannot run on this machine.
+def test_nki_selected_by_name_when_its_imports_succeed_and_auto_keeps_grouped_mm(monkeypatch):
+    # The availability probe is the honest seam: NKI cannot run on this machine. auto follows
+    # AWS's Neuron 2.34 measurement (torch._grouped_mm above the blockwise NKI kernels).
     monkeypatch.setattr(_nki_impl(), "probe", lambda: None)
     modules_before = set(sys.modules)
-    assert resolved_kernel_name("auto", "neuron", **SUPPORTED) == "nki"
+    assert resolved_kernel_name("auto", "neuron", **SUPPORTED) == "grouped_mm"
     assert resolved_kernel_name("nki", "neuron", **SUPPORTED) == "nki"
     assert resolved_kernel_name("portable", "neuron", **SUPPORTED) == "grouped_mm"
     assert not any(name.startswith(("torch_neuronx", "nkilib")) for name in set(sys.modules) - modules_before)
 
 
-def test_nki_shape_constraints_steer_auto_and_fail_explicit_requests(monkeypatch):
+def test_nki_shape_constraints_fail_explicit_requests(monkeypatch):
     monkeypatch.setattr(_nki_impl(), "probe", lambda: None)
-    assert resolved_kernel_name("auto", "neuron", **TOO_NARROW) == "grouped_mm"
     with pytest.raises(KernelUnavailableError, match=r"dim \(H\) = 256 must be a multiple of 512"):
         resolved_kernel_name("nki", "neuron", **TOO_NARROW)

@@ -81,20 +81,34 @@ def test_probe_refuses_a_kernel_without_the_arguments_the_launch_passes(monkeypa
     assert reason is not None and "checkpoint_activation" in reason and "expert_affinities_scaling_mode" in reason
 
 
-def test_kernels_auto_falls_back_and_nki_refuses_before_any_worker(monkeypatch, neuron_stack, tmp_path):
-    stand_ins.install(monkeypatch, leave_out=("nkilib.experimental.moe.bwd.blockwise_mm_backward",))
-    prepared = prepare(to_run_config(compose_config([*SEED, "mode=plan"], tmp_path / "auto")))
-    assert prepared.trainer_config.metrics.run_info["kernel"] == "grouped_mm"
+def test_probe_refuses_a_torch_neuronx_without_nki_v2(monkeypatch):
+    stand_ins.install(monkeypatch, nki_v2=False)
+    reason = probe_nki()
+    assert reason is not None and "torch_neuronx.nki_kernel.IS_NKI_V2_AVAILABLE is False" in reason and "NotImplementedError" in reason
 
+
+def test_nki_refuses_before_any_worker_where_the_library_lacks_a_kernel(monkeypatch, neuron_stack, tmp_path):
+    stand_ins.install(monkeypatch, leave_out=("nkilib.experimental.moe.bwd.blockwise_mm_backward",))
     done = in_process([*SEED, "backend.kernels=nki", "mode=plan"], tmp_path / "nki")
     assert done.returncode == 2, done.stderr
     assert "backend.kernels:" in done.stderr and "blockwise_mm_bwd" in done.stderr
     assert not (tmp_path / "nki").exists() or not any((tmp_path / "nki").iterdir())
 
 
-def test_kernels_auto_picks_nki_where_the_stack_and_shapes_allow(neuron_stack, tmp_path):
-    prepared = prepare(to_run_config(compose_config([*SEED, "mode=plan"], tmp_path)))
+def test_kernels_auto_on_neuron_picks_grouped_mm_where_nki_could_run(neuron_stack, tmp_path):
+    """AWS measured torch._grouped_mm (dynamic NKI kernels) fastest for its Neuron 2.34 MoE recipes."""
+    assert KERNELS["nki"].unavailable_reason() is None
+    prepared = prepare(to_run_config(compose_config([*SEED, "mode=plan"], tmp_path / "auto")))
+    assert prepared.trainer_config.metrics.run_info["kernel"] == "grouped_mm"
+    prepared = prepare(to_run_config(compose_config([*SEED, "backend.kernels=nki", "mode=plan"], tmp_path / "nki")))
     assert prepared.trainer_config.metrics.run_info["kernel"] == "nki"
+
+
+def test_nki_at_one_logical_core_exits_2_naming_the_second_shard(neuron_stack, tmp_path):
+    args = [*SEED, "backend.kernels=nki", "mode=plan", "+launcher.env.NEURON_LOGICAL_NC_CONFIG=1"]
+    done = in_process(args, tmp_path / "nki")
+    assert done.returncode == 2, done.stderr
+    assert "NEURON_LOGICAL_NC_CONFIG=1" in done.stderr and "compute_down_proj_shard_on_intermediate" in done.stderr
 
 
 # --------------------------------------------------------------------------- kernel limits
@@ -110,6 +124,7 @@ VALID = {"dim": 2048, "hidden_dim": 768, "num_experts": 64, "logical_cores": 2, 
         ({"hidden_dim": 776}, "multiple of 16"),
         ({"hidden_dim": 784}, "over 2 logical core(s) must be a multiple of 32"),
         ({"logical_cores": 4}, "NEURON_LOGICAL_NC_CONFIG=4"),
+        ({"logical_cores": 1}, "NEURON_LOGICAL_NC_CONFIG=1: the forward kernel needs 2 logical NeuronCores"),
         ({"num_experts": 4}, "documented 8-64"),
         ({"num_experts": 128}, "documented 8-64"),
         ({"tokens": 32 * 1024 + 1}, "32K tokens per call"),
@@ -133,7 +148,7 @@ def test_block_size_limits_come_from_both_kernels():
     "degrees,words",
     [
         (["parallelism.tp=8", "parallelism.dp_shard=8"], "hidden_dim (I) on a rank = 96"),
-        (["parallelism.ep=16", "parallelism.dp_shard=64"], "4 expert(s) per rank"),
+        (["model.num_experts=128"], "128 expert(s) per rank"),
         (["training.seq_len=2048", "training.local_batch_size=8"], "65536 rows per call"),
     ],
 )
@@ -146,9 +161,9 @@ def test_plan_checks_the_limits_on_one_ranks_shapes(neuron_stack, tmp_path, degr
 
 
 def test_plan_exits_2_with_one_paragraph_naming_the_limit(neuron_stack, tmp_path):
-    done = in_process([*SEED, "backend.kernels=nki", "mode=plan", "launcher.nproc_per_node=64", "parallelism.ep=16"], tmp_path / "run")
+    done = in_process([*SEED, "backend.kernels=nki", "mode=plan", "launcher.nproc_per_node=64", "model.num_experts=128"], tmp_path / "run")
     assert done.returncode == 2, done.stderr
-    assert "backend.kernels: with tp=1, cp=1, ep=16" in done.stderr and "bwmm_shard_on_I.py" in done.stderr
+    assert "backend.kernels: with tp=1, cp=1, ep=1" in done.stderr and "bwmm_shard_on_I.py" in done.stderr
 
 
 # --------------------------------------------------------------------------- launches
