@@ -33,6 +33,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from qwen3_trn.errors import ConfigError, NotApplicable, first_line
 
 # The components upstream torchtitan 0.3 compiles when they are in ``compile.components``:
@@ -163,7 +165,7 @@ try:
     from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataLoader
     from torchtitan.models.common.attention import ScaledDotProductAttention
     from torchtitan.models.common.config_utils import get_attention_config
-    from torchtitan.models.common.moe import GroupedExperts, MoE
+    from torchtitan.models.common.moe import GroupedExperts, MoE, TokenChoiceTopKRouter
     from torchtitan.models.qwen3 import (
         _EMBEDDING_INIT,
         _EMBEDDING_SKIP_INIT,
@@ -311,7 +313,11 @@ LAYER_ROPE = _feature(
 )
 _LAYER_MASK_TYPE = _field_feature("", "", "", _attention_layer_config(), "mask_type")
 # the activation checkpointing config before AC_CONFIGS
-_AC_MODE_CONFIG = _feature("", "", "", ("torchtitan.config.configs", "ActivationCheckpointConfig"))
+_AC_MODE_CONFIG = _feature(
+    "", "", "", ("torchtitan.config.configs", "ActivationCheckpointConfig"), ("torchtitan.distributed.activation_checkpoint", "apply_ac")
+)
+# the loss before LOSS_CONFIGS
+_CROSS_ENTROPY_FN = _feature("", "", "", ("torchtitan.components.loss", "cross_entropy_loss"))
 CONFIG_CONVERTERS = _feature(
     "model config converters",
     "2026-05-08",
@@ -447,6 +453,27 @@ def moe_dispatch_args() -> dict[str, str]:
     return {"moe_comm_backend": "standard"} if _DISPATCH_CHOSEN_AT_PARALLELIZE else {}
 
 
+def _histc_of_integers(histc: Any) -> Any:
+    """``torch.histc`` that also counts integer tensors on the CPU, as CUDA does."""
+
+    @functools.wraps(histc)
+    def counting(input: Any, *args: Any, **kwargs: Any) -> Any:
+        if input.is_floating_point() or input.device.type != "cpu":
+            return histc(input, *args, **kwargs)
+        return histc(input.float(), *args, **kwargs).to(input.dtype)
+
+    return counting
+
+
+# torchtitan main before 2026-06-01 counts each expert's routed tokens with ``torch.histc`` over
+# the integer expert ids (``TokenChoiceTopKRouter.forward``), which CUDA counts and the CPU kernel
+# refuses ("histogram_cpu" not implemented for 'Long'); the CPU runs that router in CPU training
+# and in the fit probe of every device. Counted in float32 the counts are exact up to 2**24 per
+# expert; other inputs go to torch's own histc.
+if "torch.histc(" in inspect.getsource(TokenChoiceTopKRouter.forward) and not hasattr(torch.histc, "__wrapped__"):
+    torch.histc = _histc_of_integers(torch.histc)
+
+
 # The expert MLP's math alone, on routed rows: ``GroupedExperts.forward`` in 0.3; before, forward
 # also dispatched and combined the tokens and called ``_experts_forward`` for the math.
 EXPERT_MATH = "_experts_forward" if hasattr(GroupedExperts, "_experts_forward") else "forward"
@@ -491,6 +518,30 @@ def loss_config(vocab_size: int) -> object | None:
         **({"global_vocab_size": vocab_size} if _has_field(CrossEntropyLoss.Config, "global_vocab_size") else {})
     )
     return ChunkedLossWrapper.Config(loss_fn=loss) if CHUNKED_LOSS.available else loss
+
+
+def build_loss(loss_config: object | None) -> Any:
+    """A ``Trainer.Config.loss`` built, called as ``(pred, labels, global_valid_tokens)`` (see
+    ``loss_value``); ``None`` (a Trainer.Config without ``loss``, before 2026-04-27): torchtitan's
+    cross-entropy of that time, which the model spec's ``build_loss_fn`` returns."""
+    if loss_config is not None:
+        return loss_config.build()
+    cross_entropy = _CROSS_ENTROPY_FN["cross_entropy_loss"]
+    return lambda pred, labels, global_valid_tokens: cross_entropy(pred, labels) / global_valid_tokens
+
+
+def loss_value(output: Any) -> Any:
+    """The loss of what a built loss returns: 0.3's losses return ``(loss, extras)``, earlier ones the loss."""
+    return output[0] if isinstance(output, tuple) else output
+
+
+def apply_activation_checkpointing(model: Any, ac_config: object) -> None:
+    """``Trainer.Config.activation_checkpoint`` applied to ``model`` (0.3: the config builds its
+    policy; before 2026-06-15 torchtitan's ``apply_ac(model, config)``)."""
+    if hasattr(ac_config, "build"):
+        ac_config.build(dump_folder="").apply(model)
+    else:
+        _AC_MODE_CONFIG["apply_ac"](model, ac_config)
 
 
 def activation_checkpoint_config(mode: str) -> object | None:

@@ -34,6 +34,7 @@ CASES = {
     "hf_v5": ["debug=smoke", "backend=hf_v5"],
     "plan": ["mode=plan", "model=tiny_moe"],
     "expert_parallel": ["mode=plan", "model=tiny_moe", "launcher.nproc_per_node=2", "parallelism.dp_shard=2", "parallelism.ep=2"],
+    "trn2": ["mode=plan", "device=neuron", "experiment=trn2_48xlarge", "model=30B-A3B"],
 }
 
 # Runs the cases through the command's entry point in one interpreter and prints their results.
@@ -110,3 +111,14 @@ def test_expert_parallel_only_where_this_torchtitan_dispatches_for_it(window_run
     else:
         assert result["returncode"] == 0, result["stderr"][-3000:]
         assert "ep=2" in result["stdout"]
+
+
+@pytest.mark.slow
+def test_the_trn2_plan_measures_activations_on_this_torchtitan(window_run):
+    """AWS's layout for 30B-A3B, with the fit probe run on this torchtitan's model (not the closed
+    form it falls back to when the probe fails)."""
+    _commit, _root, results = window_run
+    result = results["trn2"]
+    assert result["returncode"] == 0, result["stderr"][-3000:]
+    assert "dp_shard=16, cp=1, tp=4, pp=1, ep=1" in result["stdout"]
+    assert "estimate (composed)" in result["stdout"]

@@ -14,7 +14,6 @@ import platform
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable
 
 import torch
 from torch.distributed.fsdp import FSDPModule
@@ -150,29 +149,11 @@ def measured_peak_flops(dtype_name: str) -> float:
     return peak
 
 
-def _histc_of_integers(histc: Callable) -> Callable:
-    """``torch.histc`` that also counts integer tensors on the CPU, as CUDA does: torchtitan main
-    before 2026-05 counts each expert's routed tokens with ``torch.histc`` over the integer expert
-    ids (``TokenChoiceTopKRouter.forward``), which the CPU kernel refuses ("histogram_cpu" not
-    implemented for 'Long'). Counted in float32 the counts are exact up to 2**24 per bin."""
-
-    @functools.wraps(histc)
-    def counting(input: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        if input.is_floating_point() or input.device.type != "cpu":
-            return histc(input, *args, **kwargs)
-        return histc(input.float(), *args, **kwargs).to(input.dtype)
-
-    counting.counts_integers = True
-    return counting
-
-
 def activate(compute_dtype: str = "float32") -> None:
     """Point torchtitan at the CPU. Idempotent."""
     import importlib
 
     retain_freed_memory()
-    if not getattr(torch.histc, "counts_integers", False):
-        torch.histc = _histc_of_integers(torch.histc)
 
     module = CpuDeviceModule()
     for name in _MODULES_HOLDING_DEVICE_NAMES:

@@ -101,7 +101,7 @@ class StepModel:
         return activation_profile(
             self.probe_model_config(),
             self.trainer_config.activation_checkpoint,
-            self.trainer_config.loss,
+            getattr(self.trainer_config, "loss", None),  # none before torchtitan 2026-04-27 (qwen3_trn.titan.build_loss)
             self.compute_dtype,
             shape.micro_batch,
             shape.seq_len,

@@ -25,7 +25,17 @@ from torch.distributed._tools.mem_tracker import MemTracker, _ModState
 
 from qwen3_trn.fit.trackers import by_category, for_torchtitan_step
 from qwen3_trn.records import cache_dir, read_json, write_json_atomic
-from qwen3_trn.titan import TORCH_DTYPE_MAP, BaseLoss, Qwen3Model, ScaledDotProductAttention, set_default_dtype, torchtitan_version
+from qwen3_trn.titan import (
+    TORCH_DTYPE_MAP,
+    BaseLoss,
+    Qwen3Model,
+    ScaledDotProductAttention,
+    apply_activation_checkpointing,
+    build_loss,
+    loss_value,
+    set_default_dtype,
+    torchtitan_version,
+)
 
 PROBE_LAYERS = 2
 # Categories that are not activations: the probe's own (compute-dtype) weights and their grads.
@@ -63,14 +73,16 @@ def _activations(snapshot: dict) -> int:
     return totals["Total"] - sum(totals.get(name, 0) for name in _WEIGHTS)
 
 
-def _measure(model_config, ac_config, loss_config: BaseLoss.Config, dtype: torch.dtype, batch: int, seq_len: int) -> ActivationProfile:
+def _measure(
+    model_config, ac_config, loss_config: BaseLoss.Config | None, dtype: torch.dtype, batch: int, seq_len: int
+) -> ActivationProfile:
     """One forward + loss + backward of the two-block model: the peak, and what the second block's
     forward left saved on top of the first's (the increment every further block adds)."""
     with torch.device("meta"), set_default_dtype(dtype):
         model = model_config.build()
     if ac_config is not None:
-        ac_config.build(dump_folder="").apply(model)
-    loss_fn = loss_config.build()
+        apply_activation_checkpointing(model, ac_config)
+    loss_fn = build_loss(loss_config)
     with FakeTensorMode(allow_non_fake_inputs=True):
         model.to_empty(device="cpu")
         if hasattr(loss_fn, "set_lm_head"):
@@ -82,7 +94,7 @@ def _measure(model_config, ac_config, loss_config: BaseLoss.Config, dtype: torch
         tracker.track_external(model)
         with tracker:
             pred = model(tokens)
-            loss, _ = loss_fn(pred, labels, torch.tensor(batch * seq_len))
+            loss = loss_value(loss_fn(pred, labels, torch.tensor(batch * seq_len)))
             del pred
             loss.backward()
     blocks = list(model.layers.values())
@@ -118,7 +130,7 @@ def _key(model_config, ac_config, loss_config, dtype: torch.dtype, batch: int, s
 
 
 def activation_profile(
-    model_config: Qwen3Model.Config, ac_config, loss_config: BaseLoss.Config, compute_dtype: str, batch: int, seq_len: int
+    model_config: Qwen3Model.Config, ac_config, loss_config: BaseLoss.Config | None, compute_dtype: str, batch: int, seq_len: int
 ) -> ActivationProfile:
     """Measured (or cached) activation profile of ``batch x seq_len`` tokens per micro-batch."""
     dtype = TORCH_DTYPE_MAP[compute_dtype]
