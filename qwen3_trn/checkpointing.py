@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from qwen3_trn.errors import ConfigError
-from qwen3_trn.titan import CheckpointManager
+from qwen3_trn.titan import CheckpointManager, checkpoint_save, replaces_checkpoint_save
 
 METADATA_FILE = ".metadata"
 HF_INDEX_FILE = "model.safetensors.index.json"
@@ -165,6 +165,7 @@ def save_failure_message(exc: BaseException, step: int, folder: Path) -> str:
     )
 
 
+@replaces_checkpoint_save
 class GuardedCheckpointManager(CheckpointManager):
     """torchtitan's CheckpointManager whose failed saves end the run with a clear error (above)."""
 
@@ -174,7 +175,7 @@ class GuardedCheckpointManager(CheckpointManager):
 
     def _save(self, curr_step: int, last_step: bool = False) -> bool:
         try:
-            return super()._save(curr_step, last_step)
+            return checkpoint_save(self, curr_step, last_step)
         except (Exception, CheckpointException) as exc:
             folder = Path(self.folder)
             message = save_failure_message(exc, curr_step, folder)

@@ -474,6 +474,23 @@ if "torch.histc(" in inspect.getsource(TokenChoiceTopKRouter.forward) and not ha
     torch.histc = _histc_of_integers(torch.histc)
 
 
+# One checkpoint save: 0.3's ``CheckpointManager.save`` checks ``enable`` and calls ``_save``,
+# which subclasses override; before, ``save`` itself was the whole save.
+CHECKPOINT_SAVE = "_save" if hasattr(CheckpointManager, "_save") else "save"
+
+
+def checkpoint_save(manager: CheckpointManager, curr_step: int, last_step: bool) -> bool:
+    """torchtitan's own save of ``manager`` (for subclasses that wrap it)."""
+    return bool(getattr(CheckpointManager, CHECKPOINT_SAVE)(manager, curr_step, last_step))
+
+
+def replaces_checkpoint_save(cls: type) -> type:
+    """Class decorator for a ``CheckpointManager`` subclass: its ``_save(curr_step, last_step)``
+    becomes the method this torchtitan's trainer reaches when it saves."""
+    setattr(cls, CHECKPOINT_SAVE, cls._save)
+    return cls
+
+
 # The expert MLP's math alone, on routed rows: ``GroupedExperts.forward`` in 0.3; before, forward
 # also dispatched and combined the tokens and called ``_experts_forward`` for the math.
 EXPERT_MATH = "_experts_forward" if hasattr(GroupedExperts, "_experts_forward") else "forward"

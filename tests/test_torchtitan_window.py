@@ -34,6 +34,7 @@ CASES = {
     "hf_v5": ["debug=smoke", "backend=hf_v5"],
     "plan": ["mode=plan", "model=tiny_moe"],
     "expert_parallel": ["mode=plan", "model=tiny_moe", "launcher.nproc_per_node=2", "parallelism.dp_shard=2", "parallelism.ep=2"],
+    "export": ["debug=smoke", "checkpoint=hf_export", "checkpoint.enable=true"],
     "trn2": ["mode=plan", "device=neuron", "experiment=trn2_48xlarge", "model=30B-A3B"],
 }
 
@@ -122,3 +123,14 @@ def test_the_trn2_plan_measures_activations_on_this_torchtitan(window_run):
     assert result["returncode"] == 0, result["stderr"][-3000:]
     assert "dp_shard=16, cp=1, tp=4, pp=1, ep=1" in result["stdout"]
     assert "estimate (composed)" in result["stdout"]
+
+
+@pytest.mark.slow
+def test_checkpoints_and_the_hf_export_are_written(window_run):
+    """The project's checkpoint manager hooks this torchtitan's save (``save`` itself before
+    ``_save`` existed): the DCP step and the Hugging Face export both land."""
+    _commit, root, results = window_run
+    assert results["export"]["returncode"] == 0, results["export"]["stderr"][-3000:]
+    assert (root / "export" / "checkpoint" / "step-3" / ".metadata").is_file()
+    assert sorted(path.name for path in (root / "export" / "hf" / "step-3").glob("*.safetensors"))
+    assert (root / "export" / "hf" / "step-3" / "config.json").is_file()

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from qwen3_trn.checkpointing import GuardedCheckpointManager
 from qwen3_trn.config.schema import CheckpointConfig
 from qwen3_trn.errors import ConfigError
-from qwen3_trn.titan import MODEL, TORCH_DTYPE_MAP, AsyncMode, logger
+from qwen3_trn.titan import MODEL, TORCH_DTYPE_MAP, AsyncMode, logger, replaces_checkpoint_save
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -129,6 +129,7 @@ def _barrier() -> None:
         dist.barrier()
 
 
+@replaces_checkpoint_save
 class HFExportCheckpointManager(GuardedCheckpointManager):
     @dataclass(kw_only=True, slots=True)
     class Config(GuardedCheckpointManager.Config):
