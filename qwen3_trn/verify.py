@@ -91,7 +91,7 @@ def load_into_titan(cfg) -> Any:
     Call inside ``single_rank()``; close the trainer when done."""
     prepared = prepare(cfg)  # every preflight check, including checkpoint checks
     prepared.trainer_config.metrics.console_progress = False
-    trainer = build_trainer(cfg, prepared.device, prepared.layout, prepared.trainer_config)
+    trainer = build_trainer(cfg, prepared.device, prepared.layout, prepared.backend, prepared.trainer_config)
     if not trainer.checkpointer.load(step=-1):
         raise RuntimeError(f"torchtitan loaded no checkpoint from {prepared.trainer_config.checkpoint.initial_load_path}")
     return trainer

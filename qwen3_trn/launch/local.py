@@ -182,7 +182,7 @@ class LocalLauncher(Launcher):
         return LaunchDescription(where=f"this machine (launcher={self.name})", torchrun=command, submission=command)
 
     def launch(self, prepared: Prepared, trainer_config: Trainer.Config | None = None, *, detach: bool = False) -> RunStatus:
-        job = WorkerJob(cfg=prepared.cfg, device_type=prepared.device.type, layout=prepared.layout)
+        job = WorkerJob(cfg=prepared.cfg, device_type=prepared.device.type, layout=prepared.layout, backend=prepared.backend)
         start_node_ranks(job, trainer_config, self.config.rdzv_backend, self.config.devices_per_job)
         return RunStatus.completed
 

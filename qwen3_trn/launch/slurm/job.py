@@ -87,7 +87,7 @@ class SlurmTrainJob:
             )
         try:
             resolved = resolve(cfg)
-            job = WorkerJob(cfg=cfg, device_type=resolved.device.type, layout=resolved.layout)
+            job = WorkerJob(cfg=cfg, device_type=resolved.device.type, layout=resolved.layout, backend=resolved.backend)
             if job.layout.world_size > 1:
                 endpoint = f"{env.hostnames[0]}:{rendezvous_port(env.job_id)}" if job.layout.nnodes > 1 else None
                 job = with_rendezvous(job, endpoint, f"slurm-{env.job_id}")
