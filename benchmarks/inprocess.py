@@ -41,7 +41,7 @@ def single_rank_trainer_config(overrides: list[str], out_dir: str) -> tuple[RunC
         cfg = to_run_config(compose("config", overrides=[*overrides, f"output_dir={out_dir}"]))
     device = resolve_device(cfg.device.type)
     device.activate(compute_dtype(cfg, device))
-    config = to_trainer_config(cfg, device, resolve_layout(cfg.parallelism, 1, 1))
+    config = to_trainer_config(cfg, device, resolve_layout(cfg.parallelism, 1, 1), cfg.backend.build())
     os.environ.update(
         {
             "RANK": "0",

@@ -111,7 +111,7 @@ def measure(out_dir: str, what: str, overrides: list[str]) -> None:
     cfg = _compose(overrides, str(Path(out_dir) / "run"))
     prepared = prepare(cfg)
     prepared.device.activate(compute_dtype(cfg, prepared.device))
-    trainer_config = to_trainer_config(cfg, prepared.device, prepared.layout)
+    trainer_config = to_trainer_config(cfg, prepared.device, prepared.layout, prepared.backend)
     trainer_config.metrics.console_progress = False
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
     before = _status("VmRSS:")

@@ -1,7 +1,8 @@
 """Composed config -> torchtitan ``Trainer.Config``.
 
-``to_trainer_config`` is a pure function of the validated config, the resolved device and
-the parallel layout: it starts nothing, and Python users can call it to get the exact
+``to_trainer_config`` is a pure function of the validated config, the resolved device, the
+parallel layout and the run's backend (``cfg.backend.build()``, built once per process and
+handed on): it starts nothing, and Python users can call it to get the exact
 ``Trainer.Config`` a run would train with.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qwen3_trn.backends import build_backend
+from qwen3_trn.backends import Backend
 from qwen3_trn.checkpointing import ResumePoint, find_resume_point
 from qwen3_trn.config.schema import CheckpointConfig, LoggerBackend, RunConfig, warmup_steps
 from qwen3_trn.config.titan_overrides import apply_titan_overrides
@@ -37,10 +38,6 @@ from qwen3_trn.titan import (
 )
 from qwen3_trn.titan import ParallelismConfig as TitanParallelismConfig
 from qwen3_trn.validation import validator_config
-
-
-def architecture(cfg: RunConfig) -> Qwen3Architecture:
-    return build_backend(cfg.backend).architecture(cfg)
 
 
 def compile_warning(cfg: RunConfig) -> str | None:
@@ -84,7 +81,7 @@ def resume_checkpoint(checkpoint: CheckpointConfig) -> ResumePoint | None:
     return find_resume_point(Path(checkpoint.resume_from).expanduser(), checkpoint.folder)
 
 
-def _checkpoint(cfg: RunConfig, arch: Qwen3Architecture) -> HFExportCheckpointManager.Config:
+def _checkpoint(cfg: RunConfig, arch: Qwen3Architecture, backend: Backend) -> HFExportCheckpointManager.Config:
     ckpt = cfg.checkpoint
     resume_point = resume_checkpoint(ckpt)
     resume = str(resume_point.path) if resume_point else None
@@ -106,7 +103,7 @@ def _checkpoint(cfg: RunConfig, arch: Qwen3Architecture) -> HFExportCheckpointMa
         hf_export=ckpt.hf_export,
         hf_interval=ckpt.hf_interval,
         hf_folder=ckpt.hf_folder,
-        hf_config=build_backend(cfg.backend).hf_config(cfg, arch) if ckpt.hf_export else {},
+        hf_config=backend.hf_config(cfg, arch) if ckpt.hf_export else {},
         tokenizer_dir=tokenizer_path(cfg),
     )
 
@@ -122,7 +119,7 @@ def _loss(arch: Qwen3Architecture) -> dict[str, Any]:
     return {} if loss is None else {"loss": loss}
 
 
-def run_info(cfg: RunConfig, device: DeviceSpec, layout: Layout, arch: Qwen3Architecture) -> dict[str, Any]:
+def run_info(cfg: RunConfig, device: DeviceSpec, layout: Layout, arch: Qwen3Architecture, backend: Backend) -> dict[str, Any]:
     return {
         "backend": cfg.backend.name,
         "launcher": cfg.launcher.name,
@@ -133,13 +130,12 @@ def run_info(cfg: RunConfig, device: DeviceSpec, layout: Layout, arch: Qwen3Arch
         "layout": layout.describe(),
         "seed": cfg.training.seed,
         "run_dir": cfg.output_dir,
-        **build_backend(cfg.backend).run_info(cfg, arch, device),
+        **backend.run_info(cfg, arch, device),
     }
 
 
-def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Trainer.Config:
-    backend = build_backend(cfg.backend)
-    arch = architecture(cfg)
+def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout, backend: Backend) -> Trainer.Config:
+    arch = backend.architecture(cfg)
     model_spec = device.adapt_model_spec(backend.model_spec(cfg, arch, device))
     dataset = resolve_dataset(cfg.data)
     training = cfg.training
@@ -156,7 +152,8 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
             disable_color_printing=True,
             run_dir=cfg.output_dir,
             total_steps=training.steps,
-            run_info=run_info(cfg, device, layout, arch),
+            run_info=run_info(cfg, device, layout, arch, backend),
+            backend=backend,
             validation_interval=cfg.validation.interval if cfg.validation.enable else 0,
             hf_export_dir=str(Path(cfg.output_dir) / cfg.checkpoint.hf_folder) if cfg.checkpoint.hf_export else "",
         ),
@@ -194,7 +191,7 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
             pipeline_parallel_microbatch_size=cfg.parallelism.pp_microbatch_size,
             fsdp_reshard_after_forward=str(cfg.parallelism.fsdp_reshard_after_forward),
         ),
-        checkpoint=_checkpoint(cfg, arch),
+        checkpoint=_checkpoint(cfg, arch, backend),
         validator=validator_config(cfg.validation, cfg.data, last_step=training.steps, num_workers=cfg.data.num_workers),
         activation_checkpoint=activation_checkpoint_config(str(training.activation_checkpoint)),
         compile=TitanCompileConfig(

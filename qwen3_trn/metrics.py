@@ -31,7 +31,7 @@ from typing import Any
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from qwen3_trn.backends import backend_named
+from qwen3_trn.backends import Backend
 from qwen3_trn.hf.export import latest_hf_export
 from qwen3_trn.local_tensors import local_tensor
 from qwen3_trn.records import (
@@ -250,6 +250,10 @@ class RunMetricsProcessor(MetricsProcessor):
         hf_export_dir: str = ""
         """Where the Hugging Face exports go (checkpoint=hf_export); the last one is named in summary.json."""
 
+        backend: Backend | None = None
+        """The run's backend, the one object of this process (``convert.to_trainer_config``):
+        what the built model ran (``Backend.what_ran``) into summary.json."""
+
     def __init__(self, config: Config, **kwargs: Any) -> None:
         self._jsonl: JsonlLogger | None = None
         self._wandb = None
@@ -325,9 +329,8 @@ class RunMetricsProcessor(MetricsProcessor):
             if "compute_dtype" in facts:
                 break
         facts.setdefault("compute_dtype", facts["param_dtype"])
-        backend = self.config.run_info.get("backend")
-        if backend:
-            facts.update(backend_named(backend).what_ran(parts, first.device.type))
+        if self.config.backend is not None:
+            facts.update(self.config.backend.what_ran(parts, first.device.type))
         return facts
 
     def close(self) -> None:

@@ -9,7 +9,6 @@ from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from qwen3_trn.backends import build_backend
 from qwen3_trn.config.overrides import override_key
 from qwen3_trn.launch import LaunchDescription
 from qwen3_trn.layout import Layout
@@ -34,7 +33,7 @@ def device_mapping(device_type: str, layout: Layout) -> list[str]:
 
 def backend_facts(prepared: Prepared) -> list[str]:
     """The training mode and what it records of the run (its kernel, attention, token groups)."""
-    backend = build_backend(prepared.cfg.backend)
+    backend = prepared.backend
     facts = backend.run_info(prepared.cfg, prepared.arch, prepared.device)
     return [
         f"backend={prepared.cfg.backend.name}: {backend.description}",

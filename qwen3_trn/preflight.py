@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Callable
 
 from qwen3_trn import fit
-from qwen3_trn.backends import build_backend
+from qwen3_trn.backends import Backend, build_backend
 from qwen3_trn.checkpointing import ResumePoint
 from qwen3_trn.config.ranges import check_ranges
 from qwen3_trn.config.schema import Mode, RunConfig
-from qwen3_trn.convert import architecture, resume_checkpoint, to_trainer_config
+from qwen3_trn.convert import resume_checkpoint, to_trainer_config
 from qwen3_trn.devices import DEVICES, PACKING_RULES, SHARED_RANK_ENV, DeviceSpec, planned_device, probe_device, resolve_device
 from qwen3_trn.errors import ConfigError, Problems
 from qwen3_trn.hf.export import check_hf_export
@@ -34,12 +34,15 @@ LauncherCheck = Callable[[RunConfig, Layout], None]
 
 @dataclass
 class Resolved:
-    """Where and how the ranks run: the device, the parallel layout and the architecture."""
+    """Where and how the ranks run: the device, the parallel layout and the architecture, and
+    the run's backend: this process's one ``Backend``, which everything after preflight uses
+    (the Trainer.Config, the plan, an in-process rank and its metrics)."""
 
     cfg: RunConfig
     device: DeviceSpec
     layout: Layout
     arch: Qwen3Architecture
+    backend: Backend
     # Why parallelism=auto chose the layout (None: the config gave it).
     layout_choice: str | None = field(default=None, kw_only=True)
 
@@ -148,7 +151,7 @@ def resolve(
     with problems.check():
         device = _device(cfg, ranks_here)
     with problems.check():
-        arch = architecture(cfg)
+        arch = backend.architecture(cfg)
     with problems.check():
         check_hf_export(cfg.checkpoint)
     if device is not None:
@@ -169,7 +172,9 @@ def resolve(
         problems.stop_if_any()
     choice = None
     if cfg.parallelism.auto:  # the degrees that fit, written into the config every rank starts from
-        layout, choice = fit.auto_layout(cfg, device, arch, to_trainer_config(cfg, device, layout), layout.nnodes, layout.nproc_per_node)
+        layout, choice = fit.auto_layout(
+            cfg, device, arch, to_trainer_config(cfg, device, layout, backend), layout.nnodes, layout.nproc_per_node
+        )
         cfg.parallelism = fit.chosen_parallelism(cfg.parallelism, layout)
     with problems.check():
         _check_torchtitan_features(layout)
@@ -181,12 +186,12 @@ def resolve(
         check_validation(cfg.validation, cfg.training.seq_len, arch.max_seq_len, pipeline_parallel=layout.pp > 1)
     if owned:
         problems.stop_if_any()
-    return Resolved(cfg=cfg, device=device, layout=layout, arch=arch, layout_choice=choice)
+    return Resolved(cfg=cfg, device=device, layout=layout, arch=arch, backend=backend, layout_choice=choice)
 
 
 def _trainer_config(resolved: Resolved) -> Trainer.Config:
     try:
-        return to_trainer_config(resolved.cfg, resolved.device, resolved.layout)
+        return to_trainer_config(resolved.cfg, resolved.device, resolved.layout, resolved.backend)
     except ConfigError:
         raise
     except (ValueError, AssertionError) as exc:

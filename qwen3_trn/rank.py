@@ -43,7 +43,7 @@ def check_layout(cfg: RunConfig) -> dict:
         return result
     try:
         margin = functools.partial(margin_bytes, resolved.device.type)
-        result["tracked"] = tracked_estimate(cfg, layout, resolved.arch.n_layers, margin).to_record()
+        result["tracked"] = tracked_estimate(cfg, layout, resolved.backend, resolved.arch.n_layers, margin).to_record()
     except Exception as exc:  # noqa: BLE001 - the layout built; the estimate stands without the tracker
         result["tracked_error"] = f"{type(exc).__name__}: {exc}"[:500]
     return result
@@ -58,7 +58,7 @@ def run_rank(cfg: RunConfig) -> None:
             "launcher",
             f"the launcher started {world} ranks but the config's layout needs {resolved.layout.world_size} ({resolved.layout.describe()}).",
         )
-    run_worker(WorkerJob(cfg=cfg, device_type=resolved.device.type, layout=resolved.layout))
+    run_worker(WorkerJob(cfg=cfg, device_type=resolved.device.type, layout=resolved.layout, backend=resolved.backend))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -48,7 +48,6 @@ DEVICE_SLICE_FILE = "device_slice.json"
 LOGS_DIR = "logs"
 # What Hydra itself writes into a run or sweep directory (hydra.output_subdir, the sweep's config).
 HYDRA_DUMPS = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "multirun.yaml")
-SLURM_DIR = "slurm"
 CLAIM_FILE = ".qwen3_trn-run"
 # Present in a directory that holds (or held) a run.
 RUN_MARKERS = (CLAIM_FILE, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, "checkpoint")

@@ -167,8 +167,8 @@ class SearchSweeper(CheckedSweeper):
             )
             self._launch([(trial.number, overrides)])
             record = _jobs(sweep_dir).get(trial.number)
-            if record and record.get("status") in IN_FLIGHT_STATUSES and getattr(job.prepared.cfg.launcher, "wait", False):
-                record = settle_jobs([record], wait=True)[0]  # launcher=slurm launcher.wait=true: its outcome first
+            if record and record.get("status") in IN_FLIGHT_STATUSES and job.launcher.waits_for_jobs:
+                record = settle_jobs([record], wait=True)[0]  # a launcher that waits for its jobs: their outcome first
             self._tell(study, trial.number, record)
 
         jobs = _jobs(sweep_dir)

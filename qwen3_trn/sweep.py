@@ -41,7 +41,7 @@ from qwen3_trn.exits import imports_of_entry_point
 with imports_of_entry_point(__name__):
     from qwen3_trn.config.overrides import override_key
     from qwen3_trn.errors import ConfigError, NotApplicable, describe_error
-    from qwen3_trn.launch import launcher_named
+    from qwen3_trn.launch import launcher_named, launcher_of
     from qwen3_trn.records import (
         ERROR_LOG,
         IN_FLIGHT_STATUSES,
@@ -561,7 +561,7 @@ class SweepCallback(Callback):
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
-        jobs = settle_jobs(collect_jobs(sweep_dir), wait=bool(config.get("launcher", {}).get("wait", False)))
+        jobs = settle_jobs(collect_jobs(sweep_dir), wait=launcher_of(config.get("launcher")).waits_for_jobs)
         planned = read_manifest(sweep_dir) or {}
         if not jobs and planned.get("planned"):  # a planned sweep: the sweeper wrote its manifest, no job ran
             print(format_summary(planned), flush=True)

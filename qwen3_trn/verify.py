@@ -26,7 +26,6 @@ import argparse
 import json
 import logging
 import os
-import socket
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -46,6 +45,7 @@ with imports_of_entry_point(__name__):
     from qwen3_trn.hf.export import latest_hf_export
     from qwen3_trn.hf.reference import MOE_ARCHITECTURE, export_side, in_clean_process
     from qwen3_trn.launch.local import LocalLauncher
+    from qwen3_trn.launch.node import environment, one_rank_world
     from qwen3_trn.local_tensors import local_tensor
     from qwen3_trn.preflight import prepare
     from qwen3_trn.records import CONFIG_FILE, load_run_config
@@ -54,36 +54,16 @@ with imports_of_entry_point(__name__):
 PROMPT = "def sorted(iterable):"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextmanager
 def single_rank() -> Iterator[None]:
     """This process as rank 0 of a world of 1 (environment restored and process group
     destroyed afterwards)."""
-    env = {
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
-    }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with environment(one_rank_world()):
+        try:
+            yield
+        finally:
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
 
 
 def load_into_titan(cfg) -> Any:
@@ -91,7 +71,7 @@ def load_into_titan(cfg) -> Any:
     Call inside ``single_rank()``; close the trainer when done."""
     prepared = prepare(cfg)  # every preflight check, including checkpoint checks
     prepared.trainer_config.metrics.console_progress = False
-    trainer = build_trainer(cfg, prepared.device, prepared.layout, prepared.trainer_config)
+    trainer = build_trainer(cfg, prepared.device, prepared.layout, prepared.backend, prepared.trainer_config)
     if not trainer.checkpointer.load(step=-1):
         raise RuntimeError(f"torchtitan loaded no checkpoint from {prepared.trainer_config.checkpoint.initial_load_path}")
     return trainer

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from qwen3_trn.backends import build_backend
+from qwen3_trn.backends import Backend
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.convert import compute_dtype, to_trainer_config
 from qwen3_trn.devices import DeviceSpec, resolve_device
@@ -33,6 +33,9 @@ class WorkerJob:
     cfg: RunConfig
     device_type: str
     layout: Layout
+    # The run's backend, built once in the process that resolved the run (its ``config`` is
+    # ``cfg.backend``); a rank started in a process of its own receives it with the job.
+    backend: Backend
 
 
 def configure_logging(cfg: RunConfig, rank: int) -> None:
@@ -56,16 +59,22 @@ def configure_logging(cfg: RunConfig, rank: int) -> None:
 
 
 def build_trainer(
-    cfg: RunConfig, device: DeviceSpec, layout: Layout, trainer_config: Trainer.Config | None = None, *, fake_backend: bool = False
+    cfg: RunConfig,
+    device: DeviceSpec,
+    layout: Layout,
+    backend: Backend,
+    trainer_config: Trainer.Config | None = None,
+    *,
+    fake_backend: bool = False,
 ) -> Trainer:
     """This process's torchtitan Trainer: the device adapted, the mode's per-process setup
     done, the ``Trainer.Config`` built (unless given: the one preflight already built in
-    this process) and instantiated. ``fake_backend`` builds it on torchtitan's fake
-    collectives (rank 0 of a planned world, nothing trained)."""
+    this process, with the same ``backend``) and instantiated. ``fake_backend`` builds it on
+    torchtitan's fake collectives (rank 0 of a planned world, nothing trained)."""
     device.activate(compute_dtype(cfg, device))
-    build_backend(cfg.backend).prepare_process(cfg, device)
+    backend.prepare_process(cfg, device)
     if trainer_config is None:
-        trainer_config = to_trainer_config(cfg, device, layout)
+        trainer_config = to_trainer_config(cfg, device, layout, backend)
     if fake_backend:
         trainer_config.comm.mode = "fake_backend"
         trainer_config.metrics.console_progress = False
@@ -117,7 +126,7 @@ def run_worker(job: WorkerJob, trainer_config: Trainer.Config | None = None) -> 
     log_placement(cfg)
     trainer = None
     try:
-        trainer = build_trainer(cfg, resolve_device(job.device_type), job.layout, trainer_config)
+        trainer = build_trainer(cfg, resolve_device(job.device_type), job.layout, job.backend, trainer_config)
         trainer.train()
     finally:
         if trainer is not None:

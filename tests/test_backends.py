@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from qwen3_trn.backends import backend_named, build_backend
+from qwen3_trn.backends import Backend, build_backend
 from qwen3_trn.backends.hf_v5 import HfV5Backend
 from qwen3_trn.backends.native import NativeBackend
 from qwen3_trn.backends.nki_moe import NkiMoeBackend
@@ -16,7 +16,7 @@ from qwen3_trn.config.schema import BackendConfig
 from qwen3_trn.config.store import register_schema
 from qwen3_trn.config.typed import to_run_config
 from qwen3_trn.errors import ConfigError
-from tests.conftest import compose_config
+from tests.conftest import compose_config, in_process, read_summary
 
 CASES = [
     (["backend=native"], NativeBackend, {}),
@@ -43,9 +43,10 @@ def test_the_registry_is_keyed_by_each_option_name():
         "hf_v5": HfV5Backend,
         "nki_moe": NkiMoeBackend,
     }
-    assert type(backend_named("nki_moe")) is NkiMoeBackend and backend_named("nki_moe").config.kernels == "auto"
+    nki_moe = build_backend(options["nki_moe"]())
+    assert type(nki_moe) is NkiMoeBackend and nki_moe.config.kernels == "auto"
     with pytest.raises(ConfigError) as info:
-        backend_named("bogus")
+        build_backend(BackendConfig(name="bogus"))
     assert info.value.key == "backend.name" and "native" in str(info.value)
 
 
@@ -77,3 +78,23 @@ def test_a_new_backend_is_its_class_and_its_yaml_option(tmp_path):
             compose_config([searchpath, "backend=loud_test", "backend.kernels=auto"], tmp_path / "run")
     finally:
         del BackendConfig.options["loud_test"]
+
+
+@pytest.mark.parametrize("mode", ["plan", "train"])
+def test_a_run_builds_its_backend_once(mode, monkeypatch, tmp_path):
+    """Preflight builds the run's backend and hands that one object on: to the conversion, the
+    plan, the fit check, the in-process rank (its per-process setup) and its metrics."""
+    built: list[Backend] = []
+    make = Backend.__init__
+
+    def counted(self: Backend, config: BackendConfig) -> None:
+        built.append(self)
+        make(self, config)
+
+    monkeypatch.setattr(Backend, "__init__", counted)
+    run_dir = tmp_path / "run"
+    done = in_process(["backend=nki_moe", "model=tiny_moe", "debug=smoke", "training.steps=2", f"mode={mode}"], run_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [type(backend) for backend in built] == [NkiMoeBackend]
+    if mode == "train":  # the metrics rank asked that backend what its expert shards ran
+        assert read_summary(run_dir)["kernel"]

@@ -123,6 +123,34 @@ def test_nodes_times_ranks_must_match_the_parallel_degrees(tmp_path: Path):
     assert not (tmp_path / "run").exists()
 
 
+def test_whether_a_launcher_waits_for_its_jobs_is_its_own_answer(tmp_path: Path):
+    """The search and the sweep ask the launcher (``waits_for_jobs``), not a key of its config."""
+    from qwen3_trn.launch import launcher_of
+
+    def waits(overrides: list[str]) -> bool:
+        return launcher_of(compose_config(overrides, tmp_path / "run").launcher).waits_for_jobs
+
+    assert waits([*SLURM, "launcher.wait=true"]) and not waits(SLURM)
+    assert waits([]) and launcher_of(None).name == "local"  # a local run has ended when launch returns
+
+
+def test_a_slurm_job_records_through_the_launcher_that_submitted_it(tmp_path: Path):
+    import pickle
+
+    from qwen3_trn.launch.local import LocalLauncher
+    from qwen3_trn.launch.slurm import SlurmLauncher, SlurmTrainJob
+
+    job = pickle.loads(pickle.dumps(SlurmTrainJob(str(tmp_path), SlurmLauncher)))  # as submitit hands it to each node
+    assert job.launcher is SlurmLauncher
+    slurm_run, local_run = tmp_path / "slurm_run", tmp_path / "local_run"
+    for run_dir in (slurm_run, local_run):
+        run_dir.mkdir()
+    job.launcher.record_job(slurm_run, {"id": "7", "state": "RUNNING"}, status="running")
+    LocalLauncher.record_job(local_run, {"id": "8", "state": "RUNNING"}, status="running")
+    assert read_summary(slurm_run)["job"] == {"launcher": "slurm", "id": "7", "state": "RUNNING"}
+    assert SlurmLauncher.refresh([local_run]) == []  # another launcher's job is not Slurm's to refresh
+
+
 @needs_submitit
 def test_plan_of_a_sweep_shows_each_job_and_its_submission(tmp_path: Path):
     sweep = tmp_path / "sweep"
@@ -327,10 +355,10 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_env: SlurmCluster, tmp_p
     # SlurmTrainJob.checkpoint and requeues the job
     submitit.SlurmJob(folder=run_dir / "slurm", job_id=job_id)._interrupt(timeout=False)
 
-    from qwen3_trn.launch.slurm.state import refresh_runs
+    from qwen3_trn.launch.slurm import SlurmLauncher
 
     final = _wait_until(
-        lambda: next((s for s in refresh_runs([run_dir]) if s["status"] in ("completed", "failed", "cancelled")), None),
+        lambda: next((s for s in SlurmLauncher.refresh([run_dir]) if s["status"] in ("completed", "failed", "cancelled")), None),
         240,
         "the requeued job's end",
         poll=2,
@@ -391,10 +419,10 @@ def test_secrets_reach_the_job_through_its_environment_not_a_file(slurm_cluster:
     assert {key: env.get(key) for key in SECRETS_IN_LAUNCHER_ENV} == SECRETS_IN_LAUNCHER_ENV
     assert env.get("QWEN3_TRN_SERVICE_TOKEN") == SECRETS_IN_ENV["QWEN3_TRN_SERVICE_TOKEN"]
 
-    from qwen3_trn.launch.slurm.state import refresh_runs
+    from qwen3_trn.launch.slurm import SlurmLauncher
 
     final = _wait_until(
-        lambda: next((s for s in refresh_runs([run_dir]) if s["status"] in ("completed", "failed", "cancelled")), None),
+        lambda: next((s for s in SlurmLauncher.refresh([run_dir]) if s["status"] in ("completed", "failed", "cancelled")), None),
         300,
         "the job's end",
         poll=2,

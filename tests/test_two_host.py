@@ -138,10 +138,10 @@ def test_two_host_torchrun_between_two_namespaces(two_host_cluster: SlurmCluster
 
 
 def _ended(run_dir: Path, timeout: float) -> dict:
-    from qwen3_trn.launch.slurm.state import refresh_runs
+    from qwen3_trn.launch.slurm import SlurmLauncher
 
     return _wait_until(
-        lambda: next((s for s in refresh_runs([run_dir]) if s["status"] in ("completed", "failed", "cancelled")), None),
+        lambda: next((s for s in SlurmLauncher.refresh([run_dir]) if s["status"] in ("completed", "failed", "cancelled")), None),
         timeout,
         "the job's end",
         poll=1,

@@ -208,7 +208,7 @@ with initialize_config_dir(config_dir=os.path.abspath("conf"), version_base="1.3
     cfg = to_run_config(compose("config", overrides=[*overrides, f"output_dir={out_dir}"]))
 device = resolve_device(cfg.device.type)
 device.activate(compute_dtype(cfg, device))
-config = to_trainer_config(cfg, device, resolve_layout(cfg.parallelism, 1, 1))
+config = to_trainer_config(cfg, device, resolve_layout(cfg.parallelism, 1, 1), cfg.backend.build())
 DATASETS["held_out_direct"] = DatasetConfig(
     path=str(validation_corpus_path()),
     loader=lambda path: load_dataset("json", data_files=path, split="train"),

@@ -1,7 +1,8 @@
 """Training modes selectable with ``backend=<name>``: how a composed config becomes the model
 torchtitan trains. Each is a ``Backend`` class (its ``Config``: ``qwen3_trn.config.option_schemas``) in a module of this
 package (``native``, ``hf_v5``, ``nki_moe``); importing the package imports every module, so
-each option registers itself in ``BackendConfig.options``, and ``cfg.backend.build()`` makes it.
+each option registers itself in ``BackendConfig.options``, and ``cfg.backend.build()`` makes it:
+once per process (preflight in the parent, the worker in a rank), then handed on.
 A new mode is one module here plus its ``conf/backend/<name>.yaml``."""
 
 from qwen3_trn.backends.base import Backend
@@ -24,9 +25,4 @@ def build_backend(config: BackendConfig) -> Backend:
     return config.build()
 
 
-def backend_named(name: str) -> Backend:
-    """The backend ``backend=<name>`` selects, with that option's defaults."""
-    return _known(name)().build()
-
-
-__all__ = ["Backend", "backend_named", "build_backend"]
+__all__ = ["Backend", "build_backend"]

@@ -9,6 +9,7 @@ subclass overrides only the hooks its mode needs; a run's kernel is reported und
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar, Protocol
 
 from qwen3_trn.config.options import Configurable
@@ -40,6 +41,10 @@ class Backend(Configurable):
     Config: ClassVar[type[BackendConfig]] = BackendConfig
     description: ClassVar[str] = ""
     config: BackendConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        """The backend as a ``Trainer.Config`` that holds it records it (torchtitan's ``to_dict``): its config."""
+        return dataclasses.asdict(self.config)
 
     def architecture(self, cfg: RunConfig) -> Qwen3Architecture:
         """The architecture the config describes."""

@@ -30,7 +30,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-from qwen3_trn.backends import build_backend
+from qwen3_trn.backends import Backend, build_backend
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.convert import compute_dtype, to_trainer_config
 from qwen3_trn.devices import probe_device
@@ -140,8 +140,9 @@ def fake_trainer(cfg: RunConfig, layout: Layout) -> Iterator:
     os.environ.update({"NGPU": str(world), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world)})
     cpu = probe_device("cpu")
     cpu.activate(compute_dtype(cfg, cpu))  # as worker.build_trainer does for a rank
-    build_backend(cfg.backend).prepare_process(cfg, cpu)
-    trainer_config = to_trainer_config(cfg, cpu, layout)
+    backend = build_backend(cfg.backend)  # this process's one (each build runs in a process of its own)
+    backend.prepare_process(cfg, cpu)
+    trainer_config = to_trainer_config(cfg, cpu, layout, backend)
     trainer_config.comm.mode = "fake_backend"
     trainer_config.metrics.console_progress = False
     trainer_config.metrics.log_freq = 1 << 30
@@ -242,7 +243,7 @@ def untrackable(layout: Layout) -> str | None:
     return None
 
 
-def measure(cfg: RunConfig, layout: Layout, n_layers: int) -> tuple[TrackedStep, list[int]]:
+def measure(cfg: RunConfig, layout: Layout, backend: Backend, n_layers: int) -> tuple[TrackedStep, list[int]]:
     """Rank 0's tracked step at the config's depth; cut depths are measured and extrapolated
     when ``n_layers`` is deeper than they are. Returns the figures and the depths measured."""
     depths = [depth * layout.pp for depth in CUT_DEPTHS]
@@ -252,12 +253,12 @@ def measure(cfg: RunConfig, layout: Layout, n_layers: int) -> tuple[TrackedStep,
     for depth in depths:
         cut = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, n_layers=depth))
         steps.append(isolated(_track, cut, layout))
-    full_layers = len(rank0_layers(cfg.model, layout, to_trainer_config(cfg, probe_device("cpu"), layout), n_layers))
+    full_layers = len(rank0_layers(cfg.model, layout, to_trainer_config(cfg, probe_device("cpu"), layout, backend), n_layers))
     return steps[0].linear(steps[1], full_layers), depths
 
 
-def tracked_estimate(cfg: RunConfig, layout: Layout, n_layers: int, margin: Callable[[int], int]) -> MemoryEstimate:
-    step, depths = measure(cfg, layout, n_layers)
+def tracked_estimate(cfg: RunConfig, layout: Layout, backend: Backend, n_layers: int, margin: Callable[[int], int]) -> MemoryEstimate:
+    step, depths = measure(cfg, layout, backend, n_layers)
     persistent = step.params + step.grads + step.optimizer
     return MemoryEstimate(
         params=step.params,

@@ -9,6 +9,8 @@ plan and the sweep talk to this interface only:
 - ``validate``: the launcher's own checks, before anything is written (``ConfigError``);
 - ``describe``: what ``mode=plan`` shows of where and how the ranks would start;
 - ``launch``: start the ranks of a prepared run; returns the run's status;
+- ``waits_for_jobs``: whether ``launch`` returns only once the run ended (its outcome in the
+  records), unless detached; a search asks it rather than reading a launcher's key;
 - ``refresh``: the current state of runs it started elsewhere (a Slurm job), into their records;
 - ``record_job``: the one writer of such a run's launcher-neutral ``job`` section
   (``records.JOB_SECTION``), which the sweep, ``qwen3_trn.status`` and the app read without
@@ -27,18 +29,6 @@ from qwen3_trn.layout import Layout
 from qwen3_trn.preflight import Prepared
 from qwen3_trn.records import JOB_SECTION, RunStatus, update_summary
 from qwen3_trn.titan import Trainer
-
-
-def record_job(launcher: str, run_dir: Path, job: dict[str, Any], /, **fields: Any) -> dict[str, Any]:
-    """The job that ``launcher`` started elsewhere, into the run's ``summary.json``: ``job``
-    merged key by key into its ``job`` section (with the launcher's name), ``fields`` (status,
-    error ...) beside it. Returns the summary.
-
-    The section's fields that readers use, whatever the launcher: ``id``, ``state`` (the
-    launcher's own word for it), ``label`` (``Slurm job 12``), ``stdout`` and ``stderr`` (the
-    job's main log and error log), ``logs`` (every log file), ``node_errors`` ({host: {node,
-    error, time}} of a multi-node job). A launcher adds its own facts beside them."""
-    return update_summary(run_dir, **fields, **{JOB_SECTION: {"launcher": launcher, **job}})
 
 
 @dataclass
@@ -78,10 +68,22 @@ class Launcher(Configurable):
         sweep waits for all its jobs at its end)."""
         raise NotImplementedError
 
+    @property
+    def waits_for_jobs(self) -> bool:
+        """``launch`` returns once the run ended (unless ``detach``): its outcome is in the records."""
+        return True
+
     @classmethod
     def record_job(cls, run_dir: Path, job: dict[str, Any], /, **fields: Any) -> dict[str, Any]:
-        """This launcher's job into the run's records (``record_job``)."""
-        return record_job(cls.name, run_dir, job, **fields)
+        """The job this launcher started elsewhere, into the run's ``summary.json``: ``job``
+        merged key by key into its ``job`` section (with the launcher's name), ``fields``
+        (status, error ...) beside it. Returns the summary.
+
+        The section's fields that readers use, whatever the launcher: ``id``, ``state`` (the
+        launcher's own word for it), ``label`` (``Slurm job 12``), ``stdout`` and ``stderr``
+        (the job's main log and error log), ``logs`` (every log file), ``node_errors`` ({host:
+        {node, error, time}} of a multi-node job). A launcher adds its own facts beside them."""
+        return update_summary(run_dir, **fields, **{JOB_SECTION: {"launcher": cls.name, **job}})
 
     @classmethod
     def refresh(cls, run_dirs: list[Path], wait: bool = False) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ timed-out job resumes from its last torchtitan checkpoint.
 node); the job's files (sbatch script, pickles, logs) are in ``<run dir>/slurm``.
 ``launcher.wait=true`` follows the log and returns the job's end state; false returns at once
 with ``summary.json`` saying ``submitted``. The job's facts (id, state, logs, requeues, node
-errors) are the run's launcher-neutral ``job`` section (``state.record_slurm_job``). submitit
+errors) are the run's launcher-neutral ``job`` section (``Launcher.record_job``). submitit
 is imported only when a job is submitted or runs (``pip install 'qwen3_trn[slurm]'``).
 """
 
@@ -29,9 +29,9 @@ from qwen3_trn.config.option_schemas import SlurmLauncherConfig
 from qwen3_trn.config.schema import Mode, RunConfig
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.launch.base import LaunchDescription, Launcher
-from qwen3_trn.launch.local import environment, torchrun_command
+from qwen3_trn.launch.node import environment, torchrun_command
 from qwen3_trn.launch.slurm.job import SlurmTrainJob
-from qwen3_trn.launch.slurm.state import LAUNCHER_NAME, SlurmJobEnded, refresh_runs, wait_for_run, wait_for_runs
+from qwen3_trn.launch.slurm.state import SlurmJobEnded, refresh_runs, wait_for_run, wait_for_runs
 from qwen3_trn.launch.slurm.submission import (
     check_cluster,
     check_config,
@@ -43,14 +43,16 @@ from qwen3_trn.launch.slurm.submission import (
 )
 from qwen3_trn.layout import Layout
 from qwen3_trn.preflight import Prepared
-from qwen3_trn.records import CONFIG_FILE, SLURM_DIR, RunStatus
+from qwen3_trn.records import CONFIG_FILE, RunStatus
 from qwen3_trn.titan import Trainer
 
-__all__ = ["SlurmJobEnded", "SlurmLauncher", "SlurmTrainJob", "sbatch_script"]
+__all__ = ["SLURM_DIR", "SlurmJobEnded", "SlurmLauncher", "SlurmTrainJob", "sbatch_script"]
+
+# The run directory's folder of the job's files: sbatch script, submitit's pickles, logs.
+SLURM_DIR = "slurm"
 
 
 class SlurmLauncher(Launcher):
-    name = LAUNCHER_NAME
     ranks_here = False
 
     Config = SlurmLauncherConfig
@@ -86,7 +88,7 @@ class SlurmLauncher(Launcher):
                 f"sbatch script (submitit writes it to {folder}/<job id>_submission.sh and submits it with sbatch):",
                 script.rstrip(),
                 "",
-                f"submitit runs qwen3_trn.launch.slurm.SlurmTrainJob('{run_dir}') on each node: {ranks}",
+                f"submitit runs qwen3_trn.launch.slurm.SlurmTrainJob('{run_dir}', SlurmLauncher) on each node: {ranks}",
                 f"logs: {folder}/<job id>_<node>_log.out / .err; states: python -m qwen3_trn.status {run_dir}",
             ]
         )
@@ -113,7 +115,7 @@ class SlurmLauncher(Launcher):
         executor.update_parameters(**sbatch_parameters(cfg, layout.nnodes))
         try:
             with environment(secret_env(cfg)):  # sbatch passes its environment on to the job
-                submitted = executor.submit(SlurmTrainJob(str(run_dir)))
+                submitted = executor.submit(SlurmTrainJob(str(run_dir), type(self)))
         except submitit.core.utils.FailedJobError as exc:
             raise ConfigError("launcher", f"sbatch refused the job: {str(exc).strip()[-1500:]}") from None
         job_id = str(submitted.job_id)
@@ -135,12 +137,17 @@ class SlurmLauncher(Launcher):
         self.record_job(run_dir, info, status=RunStatus.submitted)
         print(f"[slurm] submitted job {job_id} ({where(cfg, layout.nnodes)})", flush=True)
         print(f"[slurm]   log: {stdout[0]}\n[slurm]   err: {stderr[0]}", flush=True)
-        if detach or not self.config.wait:
+        if detach or not self.waits_for_jobs:
             if not detach:
                 print(f"[slurm]   state: python -m qwen3_trn.status {run_dir}   (cancel: scancel {job_id})", flush=True)
             return RunStatus.submitted
-        return wait_for_run(run_dir)
+        return wait_for_run(type(self), run_dir)
+
+    @property
+    def waits_for_jobs(self) -> bool:
+        """``launcher.wait``: follow the job to its end, else return once it is submitted."""
+        return self.config.wait
 
     @classmethod
     def refresh(cls, run_dirs: list[Path], wait: bool = False) -> list[dict[str, Any]]:
-        return wait_for_runs(run_dirs) if wait else refresh_runs(run_dirs)
+        return wait_for_runs(cls, run_dirs) if wait else refresh_runs(cls, run_dirs)

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from qwen3_trn.errors import RunInterrupted, describe_error
-from qwen3_trn.launch.local import start_node_ranks, with_rendezvous
-from qwen3_trn.launch.slurm.state import record_slurm_job
+from qwen3_trn.launch.base import Launcher
+from qwen3_trn.launch.node import start_node_ranks, with_rendezvous
 from qwen3_trn.launch.slurm.submission import rendezvous_port
 from qwen3_trn.preflight import resolve
 from qwen3_trn.records import (
@@ -65,8 +65,11 @@ class TermWatch:
 
 
 class SlurmTrainJob:
-    def __init__(self, run_dir: str) -> None:
+    """``launcher``: the class that submitted the job (``SlurmLauncher``), which records its facts."""
+
+    def __init__(self, run_dir: str, launcher: type[Launcher]) -> None:
         self.run_dir = str(run_dir)
+        self.launcher = launcher
 
     def __call__(self) -> dict[str, Any]:
         import submitit
@@ -80,19 +83,19 @@ class SlurmTrainJob:
         run_dir = Path(self.run_dir)
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         if lead:
-            record_slurm_job(
+            self.launcher.record_job(
                 run_dir,
                 {"state": "RUNNING", "id": str(env.job_id), "hostnames": env.hostnames, "restarts": restarts, "started": time.time()},
                 status=RunStatus.running,
             )
         try:
             resolved = resolve(cfg)
-            job = WorkerJob(cfg=cfg, device_type=resolved.device.type, layout=resolved.layout)
+            job = WorkerJob(cfg=cfg, device_type=resolved.device.type, layout=resolved.layout, backend=resolved.backend)
             if job.layout.world_size > 1:
                 endpoint = f"{env.hostnames[0]}:{rendezvous_port(env.job_id)}" if job.layout.nnodes > 1 else None
                 job = with_rendezvous(job, endpoint, f"slurm-{env.job_id}")
                 if lead and job.layout.nnodes > 1:
-                    record_slurm_job(run_dir, {"rendezvous": job.cfg.launcher.rdzv_endpoint})
+                    self.launcher.record_job(run_dir, {"rendezvous": job.cfg.launcher.rdzv_endpoint})
             start_node_ranks(job)
         except (Exception, RunInterrupted) as exc:  # RunInterrupted: a KeyboardInterrupt, not an Exception
             if term.stopped_by_slurm(exc):
@@ -105,14 +108,14 @@ class SlurmTrainJob:
             if cfg.launcher.nnodes > 1:
                 # which node failed and why: each node's own reason (the first to fail is the cause;
                 # the others' ranks lost their peers)
-                record_slurm_job(run_dir, {"node_errors": {env.hostname: {"node": env.node, "error": reason, "time": time.time()}}})
+                self.launcher.record_job(run_dir, {"node_errors": {env.hostname: {"node": env.node, "error": reason, "time": time.time()}}})
             if lead:
-                record_slurm_job(run_dir, {"state": "FAILED", "ended": time.time()}, status=RunStatus.failed, job_error=reason)
+                self.launcher.record_job(run_dir, {"state": "FAILED", "ended": time.time()}, status=RunStatus.failed, job_error=reason)
             raise
         if lead:
             if restarts:  # the summary over every step once, after a resume
                 update_summary(run_dir, **summarize(read_metrics(run_dir)))
-            record_slurm_job(run_dir, {"state": "COMPLETED", "ended": time.time()}, status=RunStatus.completed)
+            self.launcher.record_job(run_dir, {"state": "COMPLETED", "ended": time.time()}, status=RunStatus.completed)
         return {"run_dir": str(run_dir), "node": env.node}
 
     def checkpoint(self, *args: Any, **kwargs: Any):
@@ -120,5 +123,7 @@ class SlurmTrainJob:
         from submitit.helpers import DelayedSubmission
 
         requeues = int(job_section(read_summary(Path(self.run_dir))).get("requeues", 0)) + 1
-        record_slurm_job(Path(self.run_dir), {"state": "REQUEUED", "requeues": requeues, "requeued": time.time()}, status=RunStatus.pending)
+        self.launcher.record_job(
+            Path(self.run_dir), {"state": "REQUEUED", "requeues": requeues, "requeued": time.time()}, status=RunStatus.pending
+        )
         return DelayedSubmission(self, *args, **kwargs)

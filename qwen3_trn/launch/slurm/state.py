@@ -3,7 +3,8 @@ summary, and following it to its end.
 
 States come from submitit's job object (``submitit.SlurmJob``: sacct behind it), the error of
 a failed job from the exception submitit pickled for it. Every fact of the job goes into the
-run's launcher-neutral ``job`` section through ``record_slurm_job``.
+run's launcher-neutral ``job`` section through the launcher's ``record_job`` (``launcher``:
+``SlurmLauncher``, whose ``refresh`` these functions are).
 """
 
 from __future__ import annotations
@@ -14,12 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from qwen3_trn.config.option_schemas import SlurmLauncherConfig
-from qwen3_trn.launch.base import record_job
+from qwen3_trn.launch.base import Launcher
 from qwen3_trn.records import IN_FLIGHT_STATUSES, RunStatus, job_section, read_summary
-
-# The launcher's name (SlurmLauncher.name), in the job section of the records it writes.
-LAUNCHER_NAME = SlurmLauncherConfig.name
 
 # Slurm job state -> the run's status.
 _PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD", "SUSPENDED", "STOPPED", "SPECIAL_EXIT"}
@@ -36,11 +33,6 @@ class SlurmJobEnded(SystemExit):
     def __init__(self, run_status: RunStatus) -> None:
         super().__init__(1)
         self.run_status = run_status
-
-
-def record_slurm_job(run_dir: Path, job: dict[str, Any], /, **fields: Any) -> dict[str, Any]:
-    """The Slurm job's facts (``job``) into the run's job section, ``fields`` beside it."""
-    return record_job(LAUNCHER_NAME, run_dir, job, **fields)
 
 
 def status_of(state: str) -> RunStatus | None:
@@ -94,14 +86,14 @@ def node_errors(job: dict[str, Any]) -> str | None:
     return "; ".join(f"node {host} (#{info.get('node')}): {info.get('error')}" for host, info in order)[:1000]
 
 
-def refresh_runs(run_dirs: Iterable[Path]) -> list[dict[str, Any]]:
+def refresh_runs(launcher: type[Launcher], run_dirs: Iterable[Path]) -> list[dict[str, Any]]:
     """Read the Slurm state of each run's job into its summary.json; returns the summaries
-    (runs without a Slurm job are left out)."""
+    (runs without a job of ``launcher`` are left out)."""
     out = []
     for run_dir in map(Path, run_dirs):
         summary = read_summary(run_dir)
         job = job_section(summary)
-        if job.get("launcher") != LAUNCHER_NAME or not job.get("id"):
+        if job.get("launcher") != launcher.name or not job.get("id"):
             continue
         state = job_state(job)
         status = status_of(state)
@@ -112,7 +104,7 @@ def refresh_runs(run_dirs: Iterable[Path]) -> list[dict[str, Any]]:
             reason = node_errors(job) or summary.get("job_error") or job_error(job)
             fields["error"] = f"Slurm job {job['id']} {state}" + (f": {reason}" if reason else "")
         changed = status is not None and state != job.get("state")
-        out.append(record_slurm_job(run_dir, {"state": state} if changed else {}, **fields) if changed or fields else summary)
+        out.append(launcher.record_job(run_dir, {"state": state} if changed else {}, **fields) if changed or fields else summary)
     return out
 
 
@@ -129,7 +121,7 @@ def _print_new(path: Path, offset: int) -> int:
     return offset + len(chunk)
 
 
-def wait_for_run(run_dir: Path, poll: float = 2.0, follow: bool = True) -> RunStatus:
+def wait_for_run(launcher: type[Launcher], run_dir: Path, poll: float = 2.0, follow: bool = True) -> RunStatus:
     """Follow the job's log until Slurm says it ended; ``completed``, else ``SlurmJobEnded``."""
     run_dir = Path(run_dir)
     job = job_section(read_summary(run_dir))
@@ -155,7 +147,7 @@ def wait_for_run(run_dir: Path, poll: float = 2.0, follow: bool = True) -> RunSt
         return RunStatus.submitted
     if follow:
         _print_new(log, offset)
-    refresh_runs([run_dir])
+    refresh_runs(launcher, [run_dir])
     if status == RunStatus.completed:
         return status
     summary = read_summary(run_dir)
@@ -168,10 +160,10 @@ def wait_for_run(run_dir: Path, poll: float = 2.0, follow: bool = True) -> RunSt
     raise SlurmJobEnded(status)
 
 
-def wait_for_runs(run_dirs: list[Path], poll: float = 3.0) -> list[dict[str, Any]]:
+def wait_for_runs(launcher: type[Launcher], run_dirs: list[Path], poll: float = 3.0) -> list[dict[str, Any]]:
     """Refresh until every run's job has ended."""
     while True:
-        summaries = refresh_runs(run_dirs)
+        summaries = refresh_runs(launcher, run_dirs)
         if all(s.get("status") not in IN_FLIGHT_STATUSES for s in summaries):
             return summaries
         time.sleep(poll)
