@@ -486,8 +486,14 @@ def checkpoint_save(manager: CheckpointManager, curr_step: int, last_step: bool)
 
 def replaces_checkpoint_save(cls: type) -> type:
     """Class decorator for a ``CheckpointManager`` subclass: its ``_save(curr_step, last_step)``
-    becomes the method this torchtitan's trainer reaches when it saves."""
-    setattr(cls, CHECKPOINT_SAVE, cls._save)
+    is what this torchtitan's trainer reaches when it saves (before 0.3: through ``save``, which
+    is then checked for ``enable`` first, as 0.3's ``save`` does)."""
+    if CHECKPOINT_SAVE == "save":
+
+        def save(self: Any, curr_step: int, last_step: bool = False) -> bool:
+            return cls._save(self, curr_step, last_step) if self.enable else False
+
+        cls.save = save
     return cls
 
 
