@@ -3,8 +3,10 @@
 Each group is a dataclass registered in Hydra's ConfigStore (see ``store.py``); a group whose
 options have different keys (``backend``, ``launcher``, ``data``) has its base here and one
 ``Config`` per option in ``option_schemas.py`` (``options.py``), so a key that does not
-belong to the chosen option is refused at composition. Choices are Enums. The
-YAML files under ``conf/`` only choose values inside these shapes and never restate a default.
+belong to the chosen option is refused at composition. Choices are Enums. What else is known
+of a key is on its field (``keys.key``): a number's range, what a path names, what to give when
+it has no value. The YAML files under ``conf/`` only choose values inside these shapes and never
+restate a default.
 """
 
 from __future__ import annotations
