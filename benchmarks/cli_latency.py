@@ -70,7 +70,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for (label, checkout), runs in results.items():
         cmd = dict(commands)[label]
-        shown = shlex.join(["python", *cmd])
+        shown = shlex.join(["python", *(arg for arg in cmd if "{run_dir}" not in arg)])
         walls, cpus, rss, codes = zip(*runs)
         print(
             f"| `{shown}` | {checkout.name} | {statistics.median(walls):.2f} | {statistics.median(cpus):.2f} | "
