@@ -1,5 +1,6 @@
 """How long ``python -m qwen3_trn`` takes to answer what needs no training: a mistyped key,
-``--help``, ``--cfg job``, ``mode=plan``; beside ``python -c "import hydra"``, the floor of any
+``--help``, ``--cfg job``, two values out of range, ``data=files`` without ``data.path``,
+``mode=plan``; beside ``python -c "import hydra"``, the floor of any
 Hydra command.
 
     python benchmarks/cli_latency.py [--pairs 5] [--checkout DIR ...]
@@ -31,6 +32,8 @@ COMMANDS = [
     ("typo", ["-m", "qwen3_trn", "training.stpes=1"]),
     ("--help", ["-m", "qwen3_trn", "--help"]),
     ("--cfg job", ["-m", "qwen3_trn", "--cfg", "job"]),
+    ("out of range", ["-m", "qwen3_trn", "training.steps=0", "optimizer.lr=-1", "hydra.run.dir={run_dir}"]),
+    ("no data.path", ["-m", "qwen3_trn", "data=files", "hydra.run.dir={run_dir}"]),
     ("mode=plan", ["-m", "qwen3_trn", "mode=plan", "debug=smoke", "hydra.run.dir={run_dir}"]),
 ]
 
@@ -67,7 +70,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for (label, checkout), runs in results.items():
         cmd = dict(commands)[label]
-        shown = shlex.join(["python", *cmd])
+        shown = shlex.join(["python", *(arg for arg in cmd if "{run_dir}" not in arg)])
         walls, cpus, rss, codes = zip(*runs)
         print(
             f"| `{shown}` | {checkout.name} | {statistics.median(walls):.2f} | {statistics.median(cpus):.2f} | "

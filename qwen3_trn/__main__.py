@@ -25,6 +25,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 from qwen3_trn.config.composition import refuse_shadowed_config_files  # noqa: E402
 from qwen3_trn.config.store import register_schema  # noqa: E402
+from qwen3_trn.early import answer_early  # noqa: E402
 from qwen3_trn.exits import exit_status  # noqa: E402
 from qwen3_trn.records import TRACEBACK_ENV  # noqa: E402
 
@@ -38,8 +39,11 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
-    # Imported here, not above: the run's modules load only for a config that composed and a
-    # command that runs it. A ConfigError raised on import (qwen3_trn.titan) exits 2 (main).
+    # A single run's config typed and its ranges and paths checked first (qwen3_trn.early), so
+    # that such bad input is answered before the run's modules load. Imported here, not above:
+    # they load only for a config that passed and a command that runs it. A ConfigError raised on
+    # import (qwen3_trn.titan) exits 2 (main).
+    answer_early(cfg)
     from qwen3_trn.app import run
 
     run(cfg)

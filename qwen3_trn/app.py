@@ -30,6 +30,7 @@ from qwen3_trn.allocator import host_allocator_choice
 from qwen3_trn.config.schema import Mode
 from qwen3_trn.config.typed import to_run_config
 from qwen3_trn.convert import compile_warning
+from qwen3_trn.early import in_multirun, no_run_dir_left, run_dir_pattern
 from qwen3_trn.errors import ConfigError, RunInterrupted, describe_error
 from qwen3_trn.exits import exit_status
 from qwen3_trn.fit import tracked_section
@@ -49,7 +50,6 @@ from qwen3_trn.records import (
     job_section,
     read_metrics,
     release_run_dir,
-    remove_empty_dirs,
     scrub_hydra_files,
     summarize,
     update_summary,
@@ -58,7 +58,7 @@ from qwen3_trn.records import (
     write_text_atomic,
 )
 from qwen3_trn.redact import redact_argv, redact_overrides, remember_env
-from qwen3_trn.sweep import in_multirun, job_context, run_sweep_job
+from qwen3_trn.sweep import job_context, run_sweep_job
 from qwen3_trn.tracking import plan_tracking, summary_fields, write_tracking
 
 __all__ = ["execute", "run", "to_run_config"]
@@ -66,24 +66,6 @@ __all__ = ["execute", "run", "to_run_config"]
 
 def _overrides() -> list[str]:
     return redact_overrides(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-
-
-def _run_dir_pattern() -> str:
-    """``hydra.run.dir`` as configured (not resolved), "" outside a Hydra run."""
-    if not HydraConfig.initialized():
-        return ""
-    return str(OmegaConf.to_container(HydraConfig.get().run, resolve=False).get("dir", ""))
-
-
-def _timestamp_levels(pattern: str) -> int:
-    """How many trailing parts of the run directory a ``${now:...}`` pattern creates."""
-    parts = Path(pattern).parts
-    levels = 0
-    for part in reversed(parts):
-        if "${" not in part:
-            break
-        levels += 1
-    return levels
 
 
 def _print_summary(summary: dict) -> None:
@@ -147,7 +129,7 @@ def execute(cfg_node: DictConfig) -> dict | None:
     requested = cfg.output_dir
     # A timestamped directory (the default) is shared by runs started in the same instant: the
     # later one takes a fresh sibling. A directory given as such is refused when it holds a run.
-    run_dir = claim_run_dir(requested, fresh_if_taken="${now:" in _run_dir_pattern())
+    run_dir = claim_run_dir(requested, fresh_if_taken="${now:" in run_dir_pattern())
     cfg.output_dir = str(run_dir)
     sweep = job_context()
     try:
@@ -244,11 +226,5 @@ def run(cfg_node: DictConfig) -> dict | None:
     redact_argv()
     if in_multirun():
         return run_sweep_job(execute, cfg_node)
-    with exit_status(), _sigterm_interrupts():
-        try:
-            return execute(cfg_node)
-        except ConfigError:
-            # Hydra made the run directory before calling us: leave nothing behind.
-            if HydraConfig.initialized():
-                remove_empty_dirs(Path(HydraConfig.get().runtime.output_dir), max(1, _timestamp_levels(_run_dir_pattern())))
-            raise
+    with exit_status(), _sigterm_interrupts(), no_run_dir_left():
+        return execute(cfg_node)

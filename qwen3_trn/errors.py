@@ -72,6 +72,9 @@ class Problems:
 
     def __init__(self) -> None:
         self.found: list[ConfigError] = []
+        # Keys whose problem is known (a path that does not exist): what later checks find about
+        # them (not a directory, no checkpoint there) would only say it again.
+        self.settled: set[str] = set()
 
     @contextmanager
     def check(self) -> Iterator[None]:
@@ -79,7 +82,7 @@ class Problems:
             yield
         except ConfigError as exc:
             for error in exc.errors if isinstance(exc, ConfigErrors) else [exc]:
-                if str(error) not in (str(seen) for seen in self.found):
+                if error.key not in self.settled and str(error) not in (str(seen) for seen in self.found):
                     self.found.append(error)
 
     def stop_if_any(self) -> None:

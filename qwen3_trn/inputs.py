@@ -1,8 +1,6 @@
-"""The run's inputs, checked in the parent before any worker starts.
+"""What the run's inputs hold, checked in the parent before any worker starts (that every path
+the run reads exists is checked first, with the ranges: ``qwen3_trn.config.paths``).
 
-- ``absolute_paths``: every path key, relative or absolute, resolved against the directory the
-  command ran in, so that ranks (which may start elsewhere: a Slurm node, torchrun) and
-  torchtitan (which refuses a relative ``initial_load_path``) get absolute paths;
 - ``check_data``: the data source's own checks (``qwen3_trn.data.sources``): its data opened here
   and its first records read, the way the ranks' loader reads them;
 - ``check_tokenizer``: the tokenizer directory's JSON files parse (line and column when not),
@@ -12,7 +10,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,44 +18,6 @@ from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.data.sources import data_source
 from qwen3_trn.errors import ConfigError, first_line
 from qwen3_trn.quiet import logging_disabled
-
-# ------------------------------------------------------------------------------------------
-# Paths
-# ------------------------------------------------------------------------------------------
-
-
-def _if_local(value: str) -> bool:
-    return Path(value).expanduser().exists()
-
-
-# Path keys, and when their value is a path (a hub id is not). A key the chosen option of its
-# group lacks (data.val_path with data=embedded) is skipped.
-PATH_KEYS: dict[str, Callable[[RunConfig, str], bool]] = {
-    "model.hf_assets_path": lambda cfg, value: True,
-    "model.hf_model": lambda cfg, value: _if_local(value),
-    "data.path": lambda cfg, value: data_source(cfg.data).path_is_local(value),
-    "data.val_path": lambda cfg, value: True,
-    "checkpoint.resume_from": lambda cfg, value: True,
-    "checkpoint.initial_load_path": lambda cfg, value: "://" not in value,
-    "logger.wandb.dir": lambda cfg, value: True,
-}
-
-
-def absolute_paths(cfg: RunConfig, cwd: str | Path | None = None) -> RunConfig:
-    """``cfg`` (changed in place) with every relative path key made absolute against ``cwd``
-    (the directory the command ran in)."""
-    base = Path(cwd or os.getcwd())
-    for key, is_path in PATH_KEYS.items():
-        section_name, name = key.rsplit(".", 1)
-        section: Any = cfg
-        for part in section_name.split("."):
-            section = getattr(section, part)
-        value = getattr(section, name, None)
-        if value and is_path(cfg, str(value)):
-            path = Path(str(value)).expanduser()
-            setattr(section, name, str(path if path.is_absolute() else base / path))
-    return cfg
-
 
 # ------------------------------------------------------------------------------------------
 # Data

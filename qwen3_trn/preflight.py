@@ -16,13 +16,13 @@ from typing import Callable
 from qwen3_trn import fit
 from qwen3_trn.backends import Backend, build_backend
 from qwen3_trn.checkpointing import ResumePoint
-from qwen3_trn.config.ranges import check_ranges
 from qwen3_trn.config.schema import Mode, RunConfig
 from qwen3_trn.convert import resume_checkpoint, to_trainer_config
 from qwen3_trn.devices import DEVICES, PACKING_RULES, SHARED_RANK_ENV, DeviceSpec, planned_device, probe_device, resolve_device
+from qwen3_trn.early import first_checks
 from qwen3_trn.errors import ConfigError, Problems
 from qwen3_trn.hf.export import check_hf_export
-from qwen3_trn.inputs import absolute_paths, check_data, check_tokenizer
+from qwen3_trn.inputs import check_data, check_tokenizer
 from qwen3_trn.layout import Layout, resolve_layout
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.titan import EXPERT_PARALLEL, PIPELINE_STAGES, Trainer
@@ -204,25 +204,24 @@ def prepare(
     """``resolve``, the run's inputs (paths made absolute, data and tokenizer opened:
     ``qwen3_trn.inputs``) and the exact torchtitan ``Trainer.Config`` the ranks will build.
 
-    Every problem is reported at once (``errors.Problems``): the ranges of every key and the
-    data are checked first and together; a value out of range stops there, as the layout and
-    memory checks after it would be meaningless; otherwise the layout checks (``resolve``),
-    the tokenizer and the fit check follow, each run where what it needs was resolved.
+    Every problem is reported at once (``errors.Problems``): the ranges of every key and every
+    path the run reads are checked first and together (``early.first_checks``, as the command
+    does before importing the run's modules); a value out of range stops there, as the checks
+    after it would be meaningless. Otherwise what the data and checkpoint hold, the layout
+    (``resolve``), the tokenizer and the fit check follow, each run where what it needs was
+    resolved and its path exists.
 
     ``shared_dir``: the directory every job of the sweep shares (None: the run's own), where the
     device's shared caches go (``devices.SHARED_RANK_ENV``, in ``launcher.env``: every rank's)."""
     problems = Problems()
-    with problems.check():
-        check_ranges(cfg)
-    in_range = not problems.found
-    absolute_paths(cfg)
+    if not first_checks(cfg, problems):
+        problems.stop_if_any()
+    problems.settled.update(problem.key for problem in problems.found)  # paths that do not exist
     with problems.check():
         check_data(cfg)
     resume = None
     with problems.check():
         resume = resume_checkpoint(cfg.checkpoint)
-    if not in_range:
-        problems.stop_if_any()
     resolved = resolve(cfg, ranks_here, problems, check_launcher)
     if resolved.device.type in SHARED_RANK_ENV:  # a value the user gave is kept
         shared = SHARED_RANK_ENV[resolved.device.type](Path(shared_dir or cfg.output_dir))

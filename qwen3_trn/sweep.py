@@ -33,13 +33,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
-from hydra.types import RunMode
 
 from qwen3_trn.exits import imports_of_entry_point
 
 # A torchtitan that lacks what the package uses: exit 2 as the command (qwen3_trn.exits).
 with imports_of_entry_point(__name__):
     from qwen3_trn.config.overrides import override_key
+    from qwen3_trn.early import in_multirun
     from qwen3_trn.errors import ConfigError, NotApplicable, describe_error
     from qwen3_trn.launch import launcher_named, launcher_of
     from qwen3_trn.records import (
@@ -101,10 +101,6 @@ FINAL_KEYS = (
 # ------------------------------------------------------------------------------------------
 # Inside a job
 # ------------------------------------------------------------------------------------------
-
-
-def in_multirun() -> bool:
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def job_context() -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from qwen3_trn.config.keys import facts, schema_fields
 from qwen3_trn.config.ranges import Range, all_ranges
 from qwen3_trn.config.schema import RunConfig, option_groups
 from qwen3_trn.data.embedded import tokenizer_dir
@@ -132,7 +133,21 @@ def test_the_suite_covers_the_schema():
     # every numeric key of the schema has a declared range
     numeric = {key for key, hint, _ in schema_leaves() if hint in (int, float)}
     unranged = numeric - set(all_ranges())
-    assert not unranged, f"numeric keys without a range (qwen3_trn/config/ranges.py, or the option Config's ranges): {sorted(unranged)}"
+    assert not unranged, f"numeric keys without a range (its key(..., ge=...) in the schema): {sorted(unranged)}"
+    # every key that names a file or directory says what it names (a path the run reads is
+    # checked before it starts: qwen3_trn.config.paths)
+    named_like_paths = {
+        key for key, hint, _ in schema_leaves() if hint is str and key.rsplit(".", 1)[-1].endswith(("path", "dir", "_from", "_model"))
+    }
+    assert named_like_paths >= {
+        "data.path",
+        "data.val_path",
+        "model.hf_assets_path",
+        "checkpoint.resume_from",
+        "checkpoint.initial_load_path",
+    }
+    kinds = {key: facts(field).path for key, field in schema_fields(RunConfig)}
+    assert not [key for key in named_like_paths if kinds[key] is None], kinds
     # no key of the schema would itself be redacted as a secret
     assert not [key for key, _, _ in schema_leaves() if looks_secret(key.rsplit(".", 1)[-1])]
 
@@ -346,6 +361,20 @@ ALL_AT_ONCE_CASES = {
         ["training.global_batch_size=3", "model.vocab_size=100"],
         ["training.global_batch_size: 3 is not a multiple", "model.vocab_size"],
     ),
+    "paths-the-run-reads": (
+        [
+            "data=files",
+            "data.path=qwen3_trn/data/assets/corpus.jsonl.gz",
+            "data.val_path=/nonexistent/val.jsonl",
+            "checkpoint.initial_load_path=/nonexistent/weights",
+            "model.hf_assets_path=/nonexistent/tokenizer",
+        ],
+        [
+            "data.val_path: '/nonexistent/val.jsonl' does not exist",
+            "checkpoint.initial_load_path: '/nonexistent/weights' does not exist",
+            "model.hf_assets_path: '/nonexistent/tokenizer' does not exist",
+        ],
+    ),
     "data-and-batch": (
         ["data=files", "data.path=/nonexistent/corpus.jsonl", "training.global_batch_size=3"],
         ["data.path", "training.global_batch_size: 3 is not a multiple"],
@@ -372,8 +401,11 @@ def test_resume_from_without_a_complete_checkpoint(tmp_path):
     assert_refused(code, stderr, "step-4 has no .metadata", tmp_path / "run")
     code, stderr = run_in_process([f"checkpoint.resume_from={old / 'checkpoint' / 'step-4'}"], tmp_path / "run")
     assert_refused(code, stderr, "is incomplete", tmp_path / "run")
-    code, stderr = run_in_process([f"checkpoint.resume_from={tmp_path / 'never'}"], tmp_path / "run")
+    (tmp_path / "empty").mkdir()
+    code, stderr = run_in_process([f"checkpoint.resume_from={tmp_path / 'empty'}"], tmp_path / "run")
     assert_refused(code, stderr, "holds no step-N checkpoint", tmp_path / "run")
+    code, stderr = run_in_process([f"checkpoint.resume_from={tmp_path / 'never'}"], tmp_path / "run")
+    assert_refused(code, stderr, f"checkpoint.resume_from: '{tmp_path / 'never'}' does not exist; pass a run directory", tmp_path / "run")
 
 
 def test_relative_paths_resolve_against_the_working_directory(tmp_path, monkeypatch):

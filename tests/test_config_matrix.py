@@ -12,6 +12,7 @@ from torchtitan.trainer import Trainer
 
 from qwen3_trn.app import to_run_config
 from qwen3_trn.config import typed
+from qwen3_trn.config.keys import leaves
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.data.sources.hub import HubSource
 from qwen3_trn.groups import load_run_config
@@ -116,3 +117,36 @@ def test_a_config_saved_with_data_source_loads_as_data_name(tmp_path, capsys, mo
         assert type(cfg.data) is HubSource.Config and cfg.data.name == "hub" and cfg.data.subset == "wikitext-2-raw-v1"
     notes = capsys.readouterr().err.strip().splitlines()
     assert len(notes) == 1 and "data.source" in notes[0] and "data.name=hub" in notes[0], notes
+
+
+def _chosen_keys(group: str, option: str) -> set[str]:
+    """The dotted keys an option's file sets (``conf/<group>/<option>.yaml``)."""
+
+    def flat(node, prefix):
+        for key, value in node.items():
+            if isinstance(value, dict):
+                yield from flat(value, f"{prefix}{key}.")
+            elif key != "defaults":
+                yield f"{prefix}{key}"
+
+    return set(flat(OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml")) or {}, f"{group}."))
+
+
+def test_the_schema_defaults_are_what_conf_config_yaml_composes(tmp_path):
+    """``RunConfig()`` (the schema's defaults, which a saved config or a test types against) and
+    the command with no arguments (``conf/config.yaml``'s default options) agree: the same option
+    of each group, the same value of every key but those the default options' files set."""
+    defaults = [entry for entry in OmegaConf.to_container(OmegaConf.load(CONF / "config.yaml"))["defaults"] if isinstance(entry, dict)]
+    chosen = {group: option for entry in defaults for group, option in entry.items() if option is not None and " " not in group}
+    composed = to_run_config(compose_config([], tmp_path), check_ranges=False)
+    schema = RunConfig(output_dir=composed.output_dir)
+    for group in ("backend", "data", "launcher"):
+        assert chosen[group] == getattr(schema, group).name, f"conf/config.yaml chooses {group}={chosen[group]}"
+        assert type(getattr(composed, group)) is type(getattr(schema, group))
+    set_by_options = set().union(*(_chosen_keys(group, option) for group, option in chosen.items() if (CONF / group).is_dir()))
+    values = {key: value for key, _, value in leaves(schema)}
+    differ = {key for key, _, value in leaves(composed) if values.get(key) != value}
+    assert differ <= set_by_options, (
+        f"keys whose schema default conf/config.yaml's options change without setting them: {sorted(differ - set_by_options)}"
+    )
+    assert {"model.flavor", "logger.backends"} <= differ  # the comparison sees what the options set

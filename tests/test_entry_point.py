@@ -134,9 +134,16 @@ def imported_packages(importtime: str) -> set[str]:
     ids=["typo", "unknown-option", "wrong-type", "other-option's-key", "help", "cfg-job"],
 )
 def test_answers_about_the_config_import_no_torch(args, status, needle, tmp_path):
+    answer_without_torch(args, status, [needle], tmp_path)
+    assert not list(tmp_path.iterdir()), "an answer about the config writes nothing"
+
+
+def answer_without_torch(args: list[str], status: int, needles: list[str], cwd) -> str:
+    """``python -m qwen3_trn ARGS`` in ``cwd``: its exit status and answer, with neither torch,
+    torchtitan, transformers nor datasets imported."""
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "qwen3_trn", *args],
-        cwd=tmp_path,
+        cwd=cwd,
         env=cli_env({"PYTHONPATH": str(REPO)}),
         capture_output=True,
         text=True,
@@ -144,8 +151,39 @@ def test_answers_about_the_config_import_no_torch(args, status, needle, tmp_path
     )
     answer = done.stdout + "\n".join(line for line in done.stderr.splitlines() if not line.startswith("import time:"))
     assert done.returncode == status, answer[-3000:]
-    assert needle in answer and "Traceback" not in answer, answer[-3000:]
+    for needle in needles:
+        assert needle in answer and "Traceback" not in answer, answer[-3000:]
     imported = imported_packages(done.stderr)
     assert "hydra" in imported and "qwen3_trn" in imported
     assert imported & RUN_ONLY_PACKAGES == set()
-    assert not list(tmp_path.iterdir()), "an answer about the config writes nothing"
+    return answer
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["training.steps=0"], ["error: training.steps: must be >= 1, got 0; valid: >= 1 (the default is 40)."]),
+        (
+            ["training.steps=0", "optimizer.lr=-1"],
+            ["error: 2 problems with this command:", "training.steps: must be >= 1, got 0", "optimizer.lr: must be >= 0, got -1.0"],
+        ),
+        (["data=files"], ["error: data.path: has no value; data=files needs data.path=<file | directory | glob>"]),
+        (
+            ["optimizer.eps=nan", "data=files", "data.path=absent.jsonl", "checkpoint.initial_load_path=weights"],
+            [
+                "error: 3 problems with this command:",
+                "optimizer.eps: must be a finite number",
+                "absent.jsonl' does not exist or matches no .jsonl/.json/.parquet/.txt file",
+                "weights' does not exist; pass a DCP checkpoint folder",
+            ],
+        ),
+    ],
+    ids=["range", "two-ranges", "no-data-path", "range-and-paths"],
+)
+def test_values_out_of_range_are_answered_without_torch(args, needles, tmp_path):
+    """A value out of range (with every path that does not exist beside it) and a key without a
+    value: exit 2 before the run's modules are imported, the run directory Hydra made removed."""
+    answer = answer_without_torch([*args, "hydra.run.dir=runs/run"], 2, needles, tmp_path)
+    assert answer.count("\n\n  ") == (int(needles[0].split()[1]) if "problems" in needles[0] else 0), answer
+    assert not (tmp_path / "runs" / "run").exists()

@@ -3,13 +3,17 @@ worker starts, with nothing written over."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import sys
 import types
+import typing
 
 import pytest
 
 from qwen3_trn.app import execute, to_run_config
+from qwen3_trn.config.ranges import all_ranges
+from qwen3_trn.config.store import SWEEPER_SCHEMAS
 from qwen3_trn.errors import ConfigError
 from tests.conftest import command_in_process, compose_config, run_cli, run_in_process
 
@@ -128,3 +132,31 @@ def test_existing_run_directory_is_never_overwritten(tmp_path):
     assert info.value.key == "hydra.run.dir"
     assert (run_dir / "metrics.jsonl").read_text() == '{"step": 1, "loss": 1.0}\n'
     assert not (run_dir / "config.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    "args,named",
+    [
+        (["hparams_search=tiny_lr", "hydra.sweeper.n_trials=0"], ["hydra.sweeper.n_trials: must be >= 1, got 0"]),
+        (
+            ["-m", "training.seed=1,2", "hydra.sweeper.max_batch_size=0", "training.steps=0"],
+            ["hydra.sweeper.max_batch_size: must be >= 1, got 0; valid: >= 1."],
+        ),
+    ],
+    ids=["search-trials", "sweep-batch-size"],
+)
+def test_the_sweepers_counts_and_sizes_are_ranged(args, named, tmp_path):
+    """The sweepers' own keys (their schemas: ``config.store``) are ranged like a run's: exit 2
+    naming the key before the sweep directory, a study or a job is created."""
+    sweep_dir = tmp_path / "sweep"
+    result = command_in_process([*args, f"hydra.sweep.dir={sweep_dir}"])
+    assert result.returncode == 2, result.stderr[-3000:]
+    for needle in named:
+        assert needle in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert not sweep_dir.exists()
+
+
+def test_every_count_of_the_sweepers_has_a_range():
+    for schema in SWEEPER_SCHEMAS.values():
+        counts = {f.name for f in dataclasses.fields(schema) if typing.get_type_hints(schema)[f.name] in (int, typing.Optional[int])}
+        assert counts and counts <= set(all_ranges(schema)), schema

@@ -22,7 +22,13 @@ from dataclasses import dataclass
 import torch
 
 from qwen3_trn.devices import DeviceSpec
-from qwen3_trn.kernels.layouts import blockwise_routing, hidden_with_padding_row, padded_group_sizes, rows_from_blocks
+from qwen3_trn.kernels.layouts import (
+    NEURON_GROUPED_MM_ALIGNMENT,
+    blockwise_routing,
+    hidden_with_padding_row,
+    padded_group_sizes,
+    rows_from_blocks,
+)
 from qwen3_trn.kernels.moe import GROUPED_MM_TOKEN_ALIGNMENT
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.qwen3 import init_fields, replace_grouped_experts
@@ -54,7 +60,7 @@ class AlignedGroupedExperts(GroupedExperts):
 
     @dataclass(kw_only=True, slots=True)
     class Config(GroupedExperts.Config):
-        token_group_alignment: int = 128
+        token_group_alignment: int = NEURON_GROUPED_MM_ALIGNMENT
 
     def __init__(self, config: Config):
         super().__init__(config)
@@ -81,11 +87,11 @@ def align_token_groups(model_config: Module.Config, alignment: int) -> Module.Co
 
 
 class TokenGroupAlignment(ModelConfigConverter):
-    """Model-config converter: ``converters=[TokenGroupAlignment.Config(alignment=128)]``."""
+    """Model-config converter: ``converters=[TokenGroupAlignment.Config(alignment=...)]``."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(ModelConfigConverter.Config):
-        alignment: int = 128
+        alignment: int = NEURON_GROUPED_MM_ALIGNMENT
 
     def __init__(self, config: Config):
         self.config = config

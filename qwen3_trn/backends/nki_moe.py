@@ -25,6 +25,7 @@ from qwen3_trn.kernels import (
     moe_problem,
     resolved_kernel_name,
 )
+from qwen3_trn.kernels.moe import GROUPED_MM_TOKEN_ALIGNMENT
 from qwen3_trn.local_tensors import local_tensor
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.attention import inner_attention_config, resolve_attention
@@ -35,9 +36,6 @@ from qwen3_trn.titan import ModelSpec, expert_weights
 # backend.kernels: the model of torchtitan-neuron's own NKI MoE recipe (qwen3_trn.models.torchtitan_neuron),
 # chosen by name only: AWS's Neuron 2.34 recipes left it for torch._grouped_mm, which kernels=auto picks.
 TORCHTITAN_NEURON = "torchtitan_neuron"
-
-# Trainium's grouped matmul needs expert token groups in multiples of this many rows.
-NEURON_TOKEN_GROUP_ALIGNMENT = 128
 
 
 class NkiMoeBackend(Backend):
@@ -111,7 +109,7 @@ class NkiMoeBackend(Backend):
                     tokens_per_step=cfg.training.local_batch_size * cfg.training.seq_len,
                     top_k=arch.top_k,
                     num_experts=arch.num_experts,
-                    alignment=NEURON_TOKEN_GROUP_ALIGNMENT,
+                    alignment=GROUPED_MM_TOKEN_ALIGNMENT[device.type],
                     pads_token_groups=True,
                 )
             except TokenGroupAlignmentError as exc:

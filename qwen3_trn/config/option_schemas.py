@@ -13,11 +13,12 @@ and its ``conf/<group>/<name>.yaml``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional
+from typing import Any, Optional
 
 from omegaconf import MISSING
 
-from qwen3_trn.config.ranges import NON_NEGATIVE, POSITIVE, Range
+from qwen3_trn.config.keys import PathKind, key
+from qwen3_trn.config.paths import DATA_FILE_KINDS
 from qwen3_trn.config.schema import BackendConfig, DataConfig, LauncherConfig, RendezvousBackend
 
 # backend (qwen3_trn.backends)
@@ -60,8 +61,7 @@ class LocalLauncherConfig(LauncherConfig):
     rdzv_backend: RendezvousBackend = RendezvousBackend.c10d
     # Device packing for concurrent jobs on one machine: each job claims this many devices
     # (GPUs, NeuronCores or CPU cores) exclusively and waits while too few are free. 0: off.
-    devices_per_job: int = 0
-    ranges: ClassVar[dict[str, Range]] = {"devices_per_job": Range(ge=0, note="0: no device packing")}
+    devices_per_job: int = key(0, ge=0, note="0: no device packing")
 
 
 @dataclass
@@ -73,9 +73,9 @@ class SlurmLauncherConfig(LauncherConfig):
     partition: Optional[str] = None
     # Time limit in Slurm's format: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS.
     time: str = "60"
-    cpus_per_task: Optional[int] = None
-    gpus_per_node: Optional[int] = None
-    mem_gb: Optional[float] = None
+    cpus_per_task: Optional[int] = key(None, ge=1)
+    gpus_per_node: Optional[int] = key(None, ge=1)
+    mem_gb: Optional[float] = key(None, gt=0)
     account: Optional[str] = None
     qos: Optional[str] = None
     constraint: Optional[str] = None
@@ -87,18 +87,11 @@ class SlurmLauncherConfig(LauncherConfig):
     # Any other sbatch option, e.g. {exclusive: true, "mail-type": END}.
     slurm_additional_parameters: dict[str, Any] = field(default_factory=dict)
     # Seconds before the time limit at which Slurm signals the job to requeue itself (USR2).
-    signal_delay_s: int = 120
+    signal_delay_s: int = key(120, ge=0)
     # How many times a job may be requeued after hitting its time limit.
-    max_requeues: int = 3
+    max_requeues: int = key(3, ge=0)
     # Python on the nodes (None: this interpreter, which must be reachable there).
     python: Optional[str] = None
-    ranges: ClassVar[dict[str, Range]] = {
-        "cpus_per_task": POSITIVE,
-        "gpus_per_node": POSITIVE,
-        "mem_gb": Range(gt=0),
-        "signal_delay_s": NON_NEGATIVE,
-        "max_requeues": NON_NEGATIVE,
-    }
 
 
 # data (qwen3_trn.data.sources)
@@ -118,11 +111,8 @@ class SplitSourceConfig(DataConfig):
     path: str = MISSING
     text_column: str = "text"
     # local files like ``path`` holding the held-out text
-    val_path: Optional[str] = None
-    val_fraction: float = 0.01
-    ranges: ClassVar[dict[str, Range]] = {
-        "val_fraction": Range(ge=0, lt=1, note="the held-out share of the documents; 0 with data.val_path or validation=off")
-    }
+    val_path: Optional[str] = key(None, path=PathKind.data_files)
+    val_fraction: float = key(0.01, ge=0, lt=1, note="the held-out share of the documents; 0 with data.val_path or validation=off")
 
 
 @dataclass
@@ -131,6 +121,9 @@ class FilesSourceConfig(SplitSourceConfig):
     ``val_fraction`` of the documents, which training then never sees (0: none held out)."""
 
     name: str = "files"
+    path: str = key(
+        MISSING, path=PathKind.data_files, hint=f"data=files needs data.path=<file | directory | glob> of {DATA_FILE_KINDS} files"
+    )
 
 
 @dataclass
@@ -139,6 +132,11 @@ class HubSourceConfig(SplitSourceConfig):
     ``val_split`` (a split of the same dataset), else ``val_fraction`` of the documents."""
 
     name: str = "hub"
+    path: str = key(
+        MISSING,
+        path=PathKind.local_or_hub_id,
+        hint="data=hub needs data.path=<dataset id on the Hugging Face hub>, e.g. data.path=roneneldan/TinyStories",
+    )
     # The dataset's subset (its configuration name, ``load_dataset(path, name=...)``).
     subset: Optional[str] = None
     split: str = "train"
@@ -152,5 +150,5 @@ class C4SourceConfig(DataConfig):
 
     name: str = "c4"
     # A local copy of allenai/c4 (None: the hub).
-    path: Optional[str] = None
+    path: Optional[str] = key(None, path=PathKind.local_or_hub_id)
     split: str = "train"

@@ -32,9 +32,6 @@ class OptionConfig:
     options: ClassVar[dict[str, type[OptionConfig]]]
     # The class this Config builds (set when that class is defined).
     _owner: ClassVar[Optional[type]] = None
-    # Ranges of this option's own numeric keys (``qwen3_trn.config.ranges.Range``), by key within
-    # the group; ``ranges`` checks the chosen option's.
-    ranges: ClassVar[dict[str, Any]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

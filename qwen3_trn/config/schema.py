@@ -3,8 +3,10 @@
 Each group is a dataclass registered in Hydra's ConfigStore (see ``store.py``); a group whose
 options have different keys (``backend``, ``launcher``, ``data``) has its base here and one
 ``Config`` per option in ``option_schemas.py`` (``options.py``), so a key that does not
-belong to the chosen option is refused at composition. Choices are Enums. The
-YAML files under ``conf/`` only choose values inside these shapes and never restate a default.
+belong to the chosen option is refused at composition. Choices are Enums. What else is known
+of a key is on its field (``keys.key``): a number's range, what a path names, what to give when
+it has no value. The YAML files under ``conf/`` only choose values inside these shapes and never
+restate a default.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, ClassVar, Optional
 
 from omegaconf import MISSING
 
+from qwen3_trn.config.keys import PathKind, key
 from qwen3_trn.config.options import OptionConfig
 
 
@@ -129,19 +132,19 @@ class ModelConfig:
     """A torchtitan Qwen3 flavor plus architecture overrides (None keeps the flavor's value)."""
 
     # the model group sets it (model=<flavor or preset>)
-    flavor: str = MISSING
-    n_layers: Optional[int] = None
-    dim: Optional[int] = None
-    n_heads: Optional[int] = None
-    n_kv_heads: Optional[int] = None
-    head_dim: Optional[int] = None
-    hidden_dim: Optional[int] = None
-    vocab_size: Optional[int] = None
-    max_seq_len: Optional[int] = None
-    rope_theta: Optional[float] = None
-    num_experts: Optional[int] = None
-    top_k: Optional[int] = None
-    moe_hidden_dim: Optional[int] = None
+    flavor: str = key(MISSING, hint="model=<preset> chooses it (e.g. model=tiny)")
+    n_layers: Optional[int] = key(None, ge=1)
+    dim: Optional[int] = key(None, ge=1)
+    n_heads: Optional[int] = key(None, ge=1)
+    n_kv_heads: Optional[int] = key(None, ge=1)
+    head_dim: Optional[int] = key(None, ge=1)
+    hidden_dim: Optional[int] = key(None, ge=1)
+    vocab_size: Optional[int] = key(None, ge=1)
+    max_seq_len: Optional[int] = key(None, ge=1)
+    rope_theta: Optional[float] = key(None, gt=0)
+    num_experts: Optional[int] = key(None, ge=1)
+    top_k: Optional[int] = key(None, ge=1)
+    moe_hidden_dim: Optional[int] = key(None, ge=1)
     # input embedding shared with the output projection (HF tie_word_embeddings)
     tie_embeddings: Optional[bool] = None
     # one wqkv projection instead of wq/wk/wv (native layout only; HF keeps them separate)
@@ -149,23 +152,25 @@ class ModelConfig:
     # auto: sdpa on CPU and Neuron, flex on CUDA
     attention: Attention = Attention.auto
     # Tokenizer / HF assets directory; None uses the tokenizer the project ships.
-    hf_assets_path: Optional[str] = None
+    hf_assets_path: Optional[str] = key(
+        None, path=PathKind.read, hint="point it at a folder holding tokenizer.json (HF assets), or leave it unset"
+    )
     # Hub id or local directory holding config.json (backend=hf_v5).
-    hf_model: Optional[str] = None
+    hf_model: Optional[str] = key(None, path=PathKind.local_or_hub_id)
 
 
 @dataclass
 class ParallelismConfig:
     """Parallel degrees; ``-1`` means "whatever is left of the world size"."""
 
-    dp_replicate: int = 1
-    dp_shard: int = -1
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
+    dp_replicate: int = key(1, ge=1, allow=(-1,), note="-1: whatever is left of the world size")
+    dp_shard: int = key(-1, ge=1, allow=(-1,), note="-1: whatever is left of the world size")
+    tp: int = key(1, ge=1, allow=(-1,), note="-1: whatever is left of the world size")
+    pp: int = key(1, ge=1, allow=(-1,), note="-1: whatever is left of the world size")
+    cp: int = key(1, ge=1, allow=(-1,), note="-1: whatever is left of the world size")
+    ep: int = key(1, ge=1)
     pp_schedule: str = "1F1B"
-    pp_microbatch_size: int = 1
+    pp_microbatch_size: int = key(1, ge=1)
     fsdp_reshard_after_forward: ReshardAfterForward = ReshardAfterForward.default
     # true: choose the degrees above for the ranks given (FSDP first, then TP/EP/PP as the
     # model needs) so that a step fits the device's memory (qwen3_trn.fit.solver).
@@ -188,39 +193,39 @@ class DataConfig(OptionConfig):
 
     group: ClassVar[str] = "data"
     name: str = "embedded"
-    num_workers: int = 0
+    num_workers: int = key(0, ge=0)
 
 
 @dataclass
 class TrainingConfig:
-    steps: int = 40
-    local_batch_size: int = 2
-    global_batch_size: int = -1
-    seq_len: int = 256
+    steps: int = key(40, ge=1)
+    local_batch_size: int = key(2, ge=1)
+    global_batch_size: int = key(-1, ge=1, allow=(-1,), note="-1: local_batch_size x the data-parallel degree")
+    seq_len: int = key(256, ge=1)
     dtype: DType = DType.float32
     # auto: bf16 where the device computes it natively (GPU, Trainium, AMX CPUs), else fp32.
     mixed_precision_param: ParamDType = ParamDType.auto
-    max_norm: float = 1.0
-    seed: int = 42
+    max_norm: float = key(1.0, gt=0)
+    seed: int = key(42, ge=0)
     deterministic: bool = False
-    gc_freq: int = 50
+    gc_freq: int = key(50, ge=1)
     activation_checkpoint: ActivationCheckpoint = ActivationCheckpoint.none
 
 
 @dataclass
 class OptimizerConfig:
     name: OptimizerName = OptimizerName.AdamW
-    lr: float = 3.0e-3
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1.0e-8
+    lr: float = key(3.0e-3, ge=0, note="0 keeps the weights as loaded")
+    weight_decay: float = key(0.1, ge=0)
+    beta1: float = key(0.9, ge=0, lt=1)
+    beta2: float = key(0.95, ge=0, lt=1)
+    eps: float = key(1.0e-8, gt=0)
     # None: a tenth of training.steps, at most 200 (torchtitan's own default), so that the
     # default fits a run of any length; a number given is refused when it exceeds the run.
-    warmup_steps: Optional[int] = None
-    decay_ratio: Optional[float] = None
+    warmup_steps: Optional[int] = key(None, ge=0, le="training.steps", note="warm-up is part of training.steps")
+    decay_ratio: Optional[float] = key(None, ge=0, le=1)
     decay_type: DecayType = DecayType.linear
-    min_lr_factor: float = 0.0
+    min_lr_factor: float = key(0.0, ge=0, le=1)
 
 
 # The warm-up a run gets when optimizer.warmup_steps is not set: a share of the run, capped.
@@ -238,19 +243,23 @@ def warmup_steps(optimizer: OptimizerConfig, training_steps: int) -> int:
 @dataclass
 class CheckpointConfig:
     enable: bool = False
-    interval: int = 500
+    interval: int = key(500, ge=1)
     folder: str = "checkpoint"
-    keep_latest_k: int = 3
+    keep_latest_k: int = key(3, ge=0, exclude=(1,), note="0 keeps all; torchtitan keeps at least 2, as the newest may be mid-save")
     # A previous run directory (or one of its step-N checkpoint folders) to resume from.
-    resume_from: Optional[str] = None
-    load_step: int = -1
+    resume_from: Optional[str] = key(
+        None, path=PathKind.read, hint="pass a run directory that was trained with checkpoint=on, or one of its step-N folders"
+    )
+    load_step: int = key(-1, ge=0, allow=(-1,), note="-1: the latest")
     # Weights to start from (DCP folder, or HF safetensors folder with initial_load_in_hf).
-    initial_load_path: Optional[str] = None
+    initial_load_path: Optional[str] = key(
+        None, path=PathKind.read_unless_url, hint="pass a DCP checkpoint folder (step-N) or a folder of HF safetensors"
+    )
     initial_load_in_hf: bool = False
     # Hugging Face model folders <run dir>/<hf_folder>/step-N (config.json, tokenizer, generation
     # config, safetensors in export_dtype) at the last step, and every hf_interval steps if > 0.
     hf_export: bool = False
-    hf_interval: int = 0
+    hf_interval: int = key(0, ge=0, note="0: export at the last step only")
     hf_folder: str = "hf"
     export_dtype: DType = DType.float32
 
@@ -261,13 +270,13 @@ class ValidationConfig:
     every ``interval`` steps and at the last step, on the same tokens each time."""
 
     enable: bool = True
-    interval: int = 10
+    interval: int = key(10, ge=1, note="validate every n steps; or validation=off")
     # Batches per validation; -1: the whole held-out split.
-    steps: int = 4
+    steps: int = key(4, ge=1, allow=(-1,), note="-1: the whole held-out split")
     # None: training's (set both when sweeping training.seq_len or the batch size, so that every
     # job of the sweep evaluates the same tokens).
-    local_batch_size: Optional[int] = None
-    seq_len: Optional[int] = None
+    local_batch_size: Optional[int] = key(None, ge=1)
+    seq_len: Optional[int] = key(None, ge=1)
 
 
 @dataclass
@@ -288,14 +297,14 @@ class WandbConfig:
     # Extra tags; the mode, device and "sweep" (in a multirun) are always added.
     tags: list[str] = field(default_factory=list)
     # None: the run directory (wandb writes <dir>/wandb/offline-run-*/).
-    dir: Optional[str] = None
+    dir: Optional[str] = key(None, path=PathKind.written)
 
 
 @dataclass
 class LoggerConfig:
     # Any of: wandb, tensorboard. Empty logs only to metrics.jsonl and the console.
     backends: list[LoggerBackend] = field(default_factory=list)
-    log_freq: int = 1
+    log_freq: int = key(1, ge=1)
     all_ranks_to_console: bool = False
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
@@ -308,14 +317,14 @@ class LauncherConfig(OptionConfig):
 
     group: ClassVar[str] = "launcher"
     name: str = "local"
-    nnodes: int = 1
+    nnodes: int = key(1, ge=1)
     # -1: one rank per device present (or per packed device, launcher.devices_per_job).
-    nproc_per_node: int = 1
+    nproc_per_node: int = key(1, ge=1, allow=(-1,), note="-1: one rank per device")
     # host:port of the c10d rendezvous; None: a free local port (one node), or the job's first
     # node (Slurm).
     rdzv_endpoint: Optional[str] = None
     rdzv_id: Optional[str] = None
-    max_restarts: int = 0
+    max_restarts: int = key(0, ge=0)
     # Environment of every rank (e.g. NEURON_LOGICAL_NC_CONFIG); secret-looking values are
     # passed on but never written to a file.
     env: dict[str, str] = field(default_factory=dict)
@@ -327,7 +336,7 @@ class DeviceConfig:
     type: DeviceType = DeviceType.auto
     # Memory one device offers, in GiB (None: the device's own figure, host RAM available on
     # CPU, or the accelerator table for a device that is not on this machine).
-    memory_gib: Optional[float] = None
+    memory_gib: Optional[float] = key(None, gt=0)
     # Which accelerator a planned run targets, a key of qwen3_trn.fit.device_memory.ACCELERATORS
     # (trn2, trn2-lnc1, trn1, h100, h200, a100-40gb, a100-80gb, ...); None: trn2 / h100.
     accelerator: Optional[str] = None
@@ -350,7 +359,7 @@ class TrialConfig:
     storage: Optional[str] = None  # the study's storage URL (sqlite:///<sweep dir>/optuna.db)
     study: Optional[str] = None
     # None: the running trial whose user attribute run_dir is this run's directory
-    number: Optional[int] = None
+    number: Optional[int] = key(None, ge=0)
 
 
 @dataclass

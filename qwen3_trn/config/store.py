@@ -13,6 +13,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from qwen3_trn.config.keys import key
 from qwen3_trn.config.schema import RunConfig, option_groups
 
 SCHEMA_NAME = "run_schema"
@@ -26,7 +27,7 @@ class CheckedSweeperConf:
     preflight and resume (``qwen3_trn.sweeper``)."""
 
     _target_: str = "hydra_plugins.qwen3_trn_sweeper.Qwen3TrnSweeper"
-    max_batch_size: Optional[int] = None
+    max_batch_size: Optional[int] = key(None, ge=1)
     params: Optional[dict[str, str]] = field(default_factory=dict)
 
 
@@ -37,7 +38,7 @@ class SearchSweeperConf:
     validation loss, with the sampler and pruner named here (``qwen3_trn.search``)."""
 
     _target_: str = "hydra_plugins.qwen3_trn_search.Qwen3TrnSearchSweeper"
-    n_trials: int = 10
+    n_trials: int = key(10, ge=1)
     direction: str = "minimize"
     study_name: Optional[str] = None  # null: "search"
     storage: Optional[str] = None  # null: sqlite:///<sweep dir>/optuna.db
@@ -46,7 +47,12 @@ class SearchSweeperConf:
     # {name: median|percentile|successive_halving|hyperband|threshold|none, ...the pruner's arguments}
     pruner: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     params: Optional[dict[str, str]] = field(default_factory=dict)
-    max_batch_size: Optional[int] = None
+    max_batch_size: Optional[int] = key(None, ge=1)
+
+
+# The schema of each sweeper, by the ``_target_`` Hydra instantiates (its keys' ranges are
+# checked when a multirun starts: ``qwen3_trn.early``).
+SWEEPER_SCHEMAS: dict[str, type] = {schema._target_: schema for schema in (CheckedSweeperConf, SearchSweeperConf)}
 
 
 def run_schema() -> DictConfig:

@@ -11,6 +11,7 @@ dataset's subset by ``data.name``), is read in the current shape (``migrate_save
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
@@ -18,17 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from qwen3_trn.config.composition import describe_value_problem
+from qwen3_trn.config.keys import hint_of
 from qwen3_trn.config.ranges import check_ranges as check_key_ranges
 from qwen3_trn.config.schema import RunConfig, option_groups
 from qwen3_trn.errors import ConfigError
-
-# What to give for keys an option leaves to the user (``???`` in the schema).
-MANDATORY_HINTS = {
-    "model.flavor": "model=<preset> chooses it (e.g. model=tiny)",
-    "data.path": "data=files needs data.path=<file | directory | glob> of .jsonl/.json/.parquet/.txt files, "
-    "data=hub data.path=<dataset id on the Hugging Face hub>, e.g. data.path=roneneldan/TinyStories",
-}
-
 
 _migration_noted = False
 
@@ -62,7 +56,8 @@ def run_config_from_container(plain: dict[str, Any], check_ranges: bool = True) 
         typed = OmegaConf.to_object(OmegaConf.merge(base, plain))
     except MissingMandatoryValue as exc:
         key = exc.full_key or "config"
-        raise ConfigError(key, f"has no value; {MANDATORY_HINTS.get(key, 'set it')}.") from None
+        hint = hint_of(exc.object_type, exc.key) if dataclasses.is_dataclass(exc.object_type) and exc.key else None
+        raise ConfigError(key, f"has no value; {hint or 'set it'}.") from None
     except OmegaConfBaseException as exc:
         raise describe_value_problem(exc) from None
     if typed.output_dir is None:

@@ -31,7 +31,12 @@ from dataclasses import dataclass
 
 import torch
 
+# Rows every group offset of Trainium's grouped matmul must be a multiple of (torch-neuronx,
+# ``torch_neuronx/python_ops/grouped_mm.py``: ``validate_offs``).
+NEURON_GROUPED_MM_ALIGNMENT = 128
+
 __all__ = [
+    "NEURON_GROUPED_MM_ALIGNMENT",
     "BlockwiseRouting",
     "TokenGroupAlignmentError",
     "TokenGroupPlan",
@@ -233,14 +238,14 @@ def check_token_group_alignment(
     tokens_per_step: int,
     top_k: int,
     num_experts: int,
-    alignment: int = 128,
+    alignment: int = NEURON_GROUPED_MM_ALIGNMENT,
     pads_token_groups: bool = True,
 ) -> TokenGroupPlan:
     """Check that MoE token groups can be aligned to ``alignment`` rows for this config.
 
     ``tokens_per_step`` is the tokens one rank routes per MoE layer call
     (``seq_len * local_batch_size``). On Neuron, ``aten::_grouped_mm`` needs every group offset
-    to be a multiple of 128.
+    to be a multiple of ``NEURON_GROUPED_MM_ALIGNMENT`` (128).
 
     * ``pads_token_groups=True`` (this package's ``grouped_mm`` and ``nki`` kernels): each
       expert's group is padded to the alignment inside a static buffer of

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .layouts import (
+    NEURON_GROUPED_MM_ALIGNMENT,
     blocks_per_expert,
     blockwise_routing,
     hidden_with_padding_row,
@@ -56,7 +57,7 @@ __all__ = [
 ]
 
 # Devices whose grouped matmul needs every group offset to be a multiple of this many rows.
-GROUPED_MM_TOKEN_ALIGNMENT: dict[str, int] = {"neuron": 128}
+GROUPED_MM_TOKEN_ALIGNMENT: dict[str, int] = {"neuron": NEURON_GROUPED_MM_ALIGNMENT}
 # CPU matmuls in bf16/fp16 on native units run through oneDNN, which JIT-compiles a kernel for
 # every new shape and keeps 1024 of them (its primitive cache). Expert group sizes change every
 # step, so exact groups make most of the expert matmuls new shapes: inside training they took

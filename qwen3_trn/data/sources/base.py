@@ -15,23 +15,19 @@ the same data holds out the same ones.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import zlib
 from dataclasses import asdict, dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from qwen3_trn.config.option_schemas import SplitSourceConfig
 from qwen3_trn.config.options import Configurable
+from qwen3_trn.config.paths import builder_of, local_data_files
 from qwen3_trn.config.schema import DataConfig, Mode
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.titan import DATASETS, DatasetConfig
-
-# File suffix -> the `datasets` builder that reads it.
-FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 
 
 @dataclass(frozen=True)
@@ -89,44 +85,6 @@ def register(data: DataConfig, path: str | None, loader: Callable, column: str, 
     return ResolvedDataset(name=name, path=path)
 
 
-def list_data_files(pattern: str) -> list[str]:
-    candidate = Path(pattern).expanduser()
-    if candidate.is_dir():
-        files = sorted(str(p) for p in candidate.rglob("*") if p.is_file() and builder_of(str(p)))
-    elif any(ch in pattern for ch in "*?["):
-        files = sorted(glob.glob(str(candidate), recursive=True))
-    else:
-        files = [str(candidate)] if candidate.is_file() else []
-    return files
-
-
-def builder_of(file: str) -> str | None:
-    """The builder for a file, looking through a compression suffix (``a.jsonl.gz``)."""
-    uncompressed = file.removesuffix(".gz").removesuffix(".zst")
-    return FILE_BUILDERS.get(Path(uncompressed).suffix)
-
-
-def local_data_files(pattern: str, key: str = "data.path") -> list[str]:
-    """The files ``pattern`` names, all of one kind the ``datasets`` library reads."""
-    files = list_data_files(pattern)
-    if not files:
-        raise ConfigError(
-            key,
-            f"'{pattern}' does not exist or matches no .jsonl/.json/.parquet/.txt file "
-            f"(looked from {Path.cwd()}); pass an existing file, directory or glob.",
-        )
-    builders = {builder_of(f) for f in files}
-    if None in builders:
-        unknown = next(f for f in files if builder_of(f) is None)
-        raise ConfigError(
-            key,
-            f"'{unknown}' is not a format data=files reads; use .jsonl, .json, .parquet or .txt files (optionally .gz or .zst compressed).",
-        )
-    if len(builders) != 1:
-        raise ConfigError(key, f"'{pattern}' mixes file types {sorted(builders)}; point it at one kind of file.")
-    return files
-
-
 @dataclass(frozen=True)
 class Documents:
     """Where a source's documents come from: torchtitan's ``dataset_path``, a loader, the text column."""
@@ -158,10 +116,6 @@ class DataSource(Configurable):
     def check(self, mode: Mode) -> None:
         """Checks in the parent before any worker starts (the data opened, its first records
         read); raise ConfigError."""
-
-    def path_is_local(self, value: str) -> bool:
-        """Whether ``data.path=value`` names a local path (made absolute before ranks start)."""
-        return Path(value).expanduser().exists()
 
 
 class SplitSource(DataSource):

@@ -14,6 +14,7 @@ from typing import Any
 
 from datasets import load_dataset
 
+from qwen3_trn.config.keys import hint_of
 from qwen3_trn.config.option_schemas import FilesSourceConfig
 from qwen3_trn.config.schema import Mode
 from qwen3_trn.data.sources.base import Documents, SplitSource, builder_of, local_data_files, local_files
@@ -29,7 +30,7 @@ PROBED_BYTES = 1 << 20
 def data_files(data: FilesSource.Config) -> list[str]:
     """The files of ``data=files``."""
     if not data.path:
-        raise ConfigError("data.path", "data=files needs data.path=<file | directory | glob> of .jsonl/.json/.parquet/.txt files.")
+        raise ConfigError("data.path", f"{hint_of(FilesSourceConfig, 'path')}.")
     return local_data_files(data.path)
 
 
@@ -127,9 +128,6 @@ class FilesSource(SplitSource):
 
     def documents(self) -> Documents:
         return local_files(data_files(self.config), self.config.text_column)
-
-    def path_is_local(self, value: str) -> bool:
-        return True
 
     def check(self, mode: Mode) -> None:
         data = self.config

@@ -9,6 +9,7 @@ from functools import partial
 
 from datasets import load_dataset, load_dataset_builder
 
+from qwen3_trn.config.keys import hint_of
 from qwen3_trn.config.option_schemas import HubSourceConfig
 from qwen3_trn.config.schema import Mode
 from qwen3_trn.data.sources.base import Documents, SplitSource
@@ -29,9 +30,7 @@ class HubSource(SplitSource):
     def documents(self, split: str | None = None) -> Documents:
         data = self.config
         if not data.path:
-            raise ConfigError(
-                "data.path", "data=hub needs data.path=<dataset id on the Hugging Face hub>, e.g. data.path=roneneldan/TinyStories."
-            )
+            raise ConfigError("data.path", f"{hint_of(HubSourceConfig, 'path')}.")
         return Documents(data.path, partial(_load_hub, data.subset, split or data.split, data.streaming), data.text_column)
 
     def own_held_out(self) -> Documents | None:
