@@ -141,7 +141,7 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout) -> Tra
     backend = build_backend(cfg.backend)
     arch = architecture(cfg)
     model_spec = device.adapt_model_spec(backend.model_spec(cfg, arch, device))
-    dataset = resolve_dataset(cfg.data)
+    dataset = resolve_dataset(cfg.data, cfg.training.seed)
     training = cfg.training
     compile_enabled = cfg.compile.backend != "off"
 

@@ -7,6 +7,9 @@ any starts and a sweep directory that resumes.
   job (its overrides and its problems). ``sweep.skip_invalid=true`` runs the valid ones and
   records the others as skipped. A job whose settings do not apply to its mode or model
   (``NotApplicable``) is not invalid: it is skipped when its turn comes, as before.
+- **Seeds.** ``sweep.seeds=N`` runs every job N times, with ``training.seed`` = the configured
+  seed, +1, ... +N-1 (its own init and data order; ``training.seed=<s>`` is one of the job's
+  overrides, so a replicate is a job like any other: named, checked, resumed by it).
 - **Plans.** When every job is ``mode=plan``, one table of all jobs (layout, memory per rank,
   fits, FLOPs per step) is printed and written to ``<sweep dir>/plan.txt``; no job runs.
 - **Resume.** Rerunning a sweep into its directory (``hydra.sweep.dir=<existing>``) runs only
@@ -33,7 +36,7 @@ from rich.table import Table
 
 from qwen3_trn.checkpointing import find_resume_point
 from qwen3_trn.config.composition import composition_error
-from qwen3_trn.config.overrides import override_key
+from qwen3_trn.config.overrides import SEED_KEY, SEEDS_KEY, override_key
 from qwen3_trn.config.schema import Mode
 from qwen3_trn.config.typed import run_config_from_container
 from qwen3_trn.errors import ConfigError, ConfigErrors, NotApplicable
@@ -154,6 +157,7 @@ class CheckedSweeper(BasicSweeper):
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         overrides = parser.parse_overrides([*self._parse_config(), *arguments])
         jobs = [list(job) for batch in self.split_arguments(overrides, None) for job in batch]
+        jobs = self._replicated(jobs, overrides)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         previous = self._previous_jobs(sweep_dir)
         checks = [self._check(num, job, sweep_dir) for num, job in enumerate(jobs)]
@@ -185,6 +189,18 @@ class CheckedSweeper(BasicSweeper):
             extra = self._set_aside(earlier, job, sweep_dir) if earlier else []
             to_run.append((job.num, [*job.overrides, *extra]))
         return self._launch(to_run)
+
+    def _replicated(self, jobs: list[list[str]], overrides: list[Any]) -> list[list[str]]:
+        """Each job once per seed of ``sweep.seeds`` (module docstring), seed after seed."""
+        seeds = OmegaConf.select(self.config, SEEDS_KEY, default=1)
+        problems = seeds_problems(overrides, seeds)
+        if problems:
+            print("error: " + "\n".join(problems), file=sys.stderr, flush=True)
+            sys.exit(2)
+        if seeds == 1:
+            return jobs
+        base = int(OmegaConf.select(self.config, SEED_KEY, default=0))
+        return [[*job, f"{SEED_KEY}={base + i}"] for job in jobs for i in range(seeds)]
 
     def _plan(self, checks: list[JobCheck], sweep_dir: Path) -> None:
         """The table of all jobs (printed), each job's plan after it (in ``plan.txt``), and the
@@ -297,8 +313,23 @@ class CheckedSweeper(BasicSweeper):
         return returns
 
 
+def seeds_problems(overrides: list[Any], seeds: Any) -> list[str]:
+    """Why ``sweep.seeds`` cannot replicate this sweep's jobs (parsed overrides), if it cannot."""
+    swept = {o.get_key_element().lstrip("+~") for o in overrides if o.is_sweep_override()}
+    if SEEDS_KEY in swept:
+        return [f"{SEEDS_KEY}: give one number of seeds (e.g. {SEEDS_KEY}=3), not a list."]
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
+        return [f"{SEEDS_KEY}={seeds}: give how many seeds each job runs with, 1 or more (e.g. {SEEDS_KEY}=3)."]
+    if seeds > 1 and SEED_KEY in swept:
+        return [
+            f"{SEED_KEY}: swept together with {SEEDS_KEY}={seeds}; sweep the seeds one way: "
+            f"{SEEDS_KEY}=N (seeds {SEED_KEY}, +1, ...) or a list of {SEED_KEY} values."
+        ]
+    return []
+
+
 def _added_by_resume(override: str) -> bool:
     return override_key(override) == "checkpoint.resume_from" and f"/{ATTEMPTS_DIR}/" in override
 
 
-__all__ = ["CheckedSweeper", "JobCheck", "invalid_jobs_message", "plan_table"]
+__all__ = ["CheckedSweeper", "JobCheck", "invalid_jobs_message", "plan_table", "seeds_problems"]

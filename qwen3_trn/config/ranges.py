@@ -83,6 +83,7 @@ RANGES: dict[str, Range] = {
     "training.seq_len": POSITIVE,
     "training.max_norm": Range(gt=0),
     "training.seed": NON_NEGATIVE,
+    "sweep.seeds": Range(ge=1, note="how many seeds each job of a sweep runs with"),
     "training.gc_freq": POSITIVE,
     "optimizer.lr": Range(ge=0, note="0 keeps the weights as loaded"),
     "optimizer.weight_decay": NON_NEGATIVE,

@@ -360,6 +360,9 @@ class SweepConfig:
     # false: one invalid job stops the sweep before any job starts; true: the valid jobs run and
     # the invalid ones are recorded as skipped.
     skip_invalid: bool = False
+    # Replicates: every job of the sweep runs this many times, with training.seed, training.seed+1,
+    # ... (each seed its own model init and data order); the report shows their mean and spread.
+    seeds: int = 1
     trial: TrialConfig = field(default_factory=TrialConfig)
 
 
