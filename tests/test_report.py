@@ -148,7 +148,7 @@ def test_report_from_metrics_files_alone(sweep, tmp_path):
     markdown = result.markdown.read_text()
     # a table of configs and a table of runs (one per seed, with their bookkeeping)
     configs, runs = markdown.split("## Configs")[1].split("## Runs")
-    assert configs.count("\n| backend=") == 5 and runs.count("\n| backend=") == 5 and "| skipped |" in runs
+    assert configs.count("\n| native |") + configs.count("\n| hf_v5 |") == 5 and runs.count("\n| backend=") == 5 and "| skipped |" in runs
     assert "validation tokens" in runs and "validation tokens" not in configs and "source" not in configs
     assert "one seed (training.seed 42)" in markdown and "seed noise" in markdown
     assert "| 2,003 |" in configs and "| 1.5 |" in configs  # tokens/s and MFU (%) as people write them

@@ -35,6 +35,21 @@ def test_a_sweep_with_an_invalid_job_starts_nothing(tmp_path):
     assert not sweep.exists(), "nothing is written before every job is valid"
 
 
+@pytest.mark.parametrize(
+    "seeds,why",
+    [
+        (["sweep.seeds=1,2"], "sweep.seeds: give one number of seeds (e.g. sweep.seeds=3), not a list."),
+        (["sweep.seeds=0"], "sweep.seeds=0: give how many seeds each job runs with, 1 or more"),
+        (["sweep.seeds=2", "training.seed=1,2"], "training.seed: swept together with sweep.seeds=2; sweep the seeds one way"),
+    ],
+)
+def test_seeds_that_cannot_replicate_the_jobs_start_nothing(tmp_path, seeds, why):
+    sweep = tmp_path / "sweep"
+    result = command_in_process(["-m", "model.n_layers=1,2", *seeds, *ONE_STEP, f"hydra.sweep.dir={sweep}"])
+    assert result.returncode == 2 and result.stderr.startswith(f"error: {why}"), result.stderr[-3000:]
+    assert not sweep.exists()
+
+
 @pytest.mark.slow
 def test_skip_invalid_runs_the_valid_jobs_and_a_rerun_trains_nothing_again(tmp_path):
     sweep = tmp_path / "sweep"

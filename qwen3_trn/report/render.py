@@ -23,6 +23,8 @@ from qwen3_trn.report.runs import Collection, RunData
 SHORT = {"validation_tokens_sha256": 12}
 # The figures of the tables, in their order (their names, units and formats: QUANTITIES).
 TABLE_FIGURES = ("val_loss", "val_perplexity", "last_loss", "tokens_per_s", "peak_memory_gib", "mfu_pct", "wall_time_s")
+# The table of configs leaves out what another of its figures says (perplexity: exp of the loss).
+CONFIG_FIGURES = tuple(k for k in TABLE_FIGURES if k != "val_perplexity")
 # A run's bookkeeping: in the table of runs and the CSV, not in the table of configs.
 BOOKKEEPING = ("validation_tokens_sha256", "source", "wandb_run_id", "run_dir", "note")
 # The CSV's figure columns (a run's raw values) and the figure each one is.
@@ -79,11 +81,13 @@ def _status_counts(runs: list[RunData]) -> str:
 
 
 def config_rows(collection: Collection) -> tuple[list[str], list[list[str]]]:
-    """The table of configs: each figure as its seeds' mean (min–max), marked against the best."""
-    figures = _available(collection)
+    """The table of configs (named by their swept keys' values): each figure as its seeds' mean
+    (min–max), marked against the best."""
+    figures = [k for k in _available(collection) if k in CONFIG_FIGURES]
     configs = collection.configs
     marked = {key: marks(QUANTITIES[key], {c.label: s for c in configs if (s := c.spread(key)) is not None}) for key in figures}
-    header = ["config", *collection.config_keys, "seeds", "runs", *(QUANTITIES[k].column for k in figures)]
+    named = collection.config_keys or ["config"]
+    header = [*named, "seeds", "runs", *(QUANTITIES[k].column for k in figures)]
     rows = []
     for config in configs:
         cells = []
@@ -250,7 +254,7 @@ h1 { font-size: 1.4em; } figure { display: inline-block; margin: 0 1em 1.5em 0; 
 figure img { max-width: 100%; border: 1px solid #d0d7de; } figcaption { font-size: 0.85em; color: #57606a; }
 table { border-collapse: collapse; font-size: 0.85em; } th, td { border: 1px solid #d0d7de; padding: 4px 8px; text-align: left; }
 th { background: #f6f8fa; } td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-#where, #seeds { color: #57606a; } details summary { cursor: pointer; margin: 1em 0 0.5em; }
+#where, #seeds { color: #57606a; } .scroll { overflow-x: auto; } details summary { cursor: pointer; margin: 1em 0 0.5em; }
 .status-completed td:nth-child(4) { color: #1a7f37; } .status-failed td:nth-child(4) { color: #cf222e; font-weight: bold; } .status-skipped td:nth-child(4) { color: #9a6700; }
 .notes li { margin-bottom: 0.3em; }
 figure.heatmap svg { max-width: 100%; height: auto; border: 1px solid #d0d7de; }
@@ -306,7 +310,9 @@ def _html_table(table_id: str, table: tuple[list[str], list[list[str]]], row_att
         f"<tr {attrs}>" + "".join(f'<td class="{css}">{esc(str(value))}</td>' for css, value in zip(classes, row)) + "</tr>"
         for attrs, row in zip(row_attrs, rows)
     ]
-    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead>\n<tbody>\n{chr(10).join(body)}\n</tbody></table>'
+    return (
+        f'<div class="scroll"><table id="{table_id}"><thead><tr>{head}</tr></thead>\n<tbody>\n{chr(10).join(body)}\n</tbody></table></div>'
+    )
 
 
 def render_html(collection: Collection, plots: list[Plot], notes: list[str]) -> str:

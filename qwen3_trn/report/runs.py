@@ -221,7 +221,7 @@ def collect(paths: list[Path]) -> Collection:
     _label(runs, keys)
     collection = Collection(runs=runs, swept_keys=keys, groups=groups, sweep_dirs=sweep_dirs, title="")
     collection.title = _title(collection, experiments, [k for k in manifest_keys if k != SEED_KEY])
-    collection.subtitle = "; ".join(f"sweep directory {_shown_path(d)}" for d in sweep_dirs)
+    collection.subtitle = "; ".join(f"sweep directory: {_shown_path(d)}" for d in sweep_dirs)
     return collection
 
 
