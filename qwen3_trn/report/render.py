@@ -98,8 +98,7 @@ def config_rows(collection: Collection) -> tuple[list[str], list[list[str]]]:
         seeds = config.seeds
         rows.append(
             [
-                config.label,
-                *(config.params.get(k, "") for k in collection.config_keys),
+                *([config.params.get(k, "") for k in collection.config_keys] or [config.label]),
                 ", ".join(map(str, seeds)),
                 _status_counts(config.runs),
                 *cells,
