@@ -64,6 +64,7 @@ from qwen3_trn.records import (
 )
 from qwen3_trn.redact import redact_argv, redact_log_handlers, redact_overrides, remember_env
 from qwen3_trn.report import build_report
+from qwen3_trn.report.quantities import QUANTITIES
 from qwen3_trn.report.search import BEST_FILE, SEARCH_HTML
 from qwen3_trn.tracking import finish_dangling_run
 
@@ -272,15 +273,13 @@ def _job_line(job: dict[str, Any]) -> str:
     head = f"#{job.get('num')} {status.upper() if status == RunStatus.failed else status:<9} {label}"
     if status == RunStatus.completed:
         f = job.get("final", {})
+        q = QUANTITIES
         parts = []
         if "first_loss" in f and "last_loss" in f:
-            parts.append(f"loss {f['first_loss']:.4f} -> {f['last_loss']:.4f}")
+            parts.append(f"loss {q['first_loss'].format(f['first_loss'])} -> {q['last_loss'].format(f['last_loss'])}")
         if "val_loss" in f:
-            parts.append(f"val loss {f['val_loss']:.4f}")
-        if "tokens_per_s" in f:
-            parts.append(f"{f['tokens_per_s']:,.0f} tok/s")
-        if "peak_memory_gib" in f:
-            parts.append(f"{f['peak_memory_gib']:.2f} GiB")
+            parts.append(f"val loss {q['val_loss'].format(f['val_loss'])}")
+        parts += [q[key].with_unit(f[key]) for key in ("tokens_per_s", "peak_memory_gib") if key in f]
         return f"{head}: {', '.join(parts)}  ({job.get('run_dir')})"
     if status == RunStatus.skipped:
         return f"{head}: {'invalid' if job.get('invalid') else 'does not apply'}: {job.get('reason')}"
