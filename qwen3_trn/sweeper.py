@@ -9,7 +9,8 @@ any starts and a sweep directory that resumes.
   (``NotApplicable``) is not invalid: it is skipped when its turn comes, as before.
 - **Seeds.** ``sweep.seeds=N`` runs every job N times, with ``training.seed`` = the configured
   seed, +1, ... +N-1 (its own init and data order; ``training.seed=<s>`` is one of the job's
-  overrides, so a replicate is a job like any other: named, checked, resumed by it).
+  overrides, so a replicate is a job like any other: named, checked, resumed by it). The jobs
+  go seed after seed, so a rerun with more seeds keeps the jobs (and numbers) of those run.
 - **Plans.** When every job is ``mode=plan``, one table of all jobs (layout, memory per rank,
   fits, FLOPs per step) is printed and written to ``<sweep dir>/plan.txt``; no job runs.
 - **Resume.** Rerunning a sweep into its directory (``hydra.sweep.dir=<existing>``) runs only
@@ -181,7 +182,7 @@ class CheckedSweeper(BasicSweeper):
         for job in checks:
             if job.invalid:
                 continue
-            earlier = previous.get(tuple(redact_overrides(job.overrides)))
+            earlier = previous.get(job_identity(redact_overrides(job.overrides)))
             status = (earlier or {}).get("status")
             if status in KEPT_STATUSES or status in IN_FLIGHT_STATUSES:
                 print(f"[sweep] #{job.num} {status} earlier, kept: {' '.join(redact_overrides(job.overrides))}", flush=True)
@@ -191,7 +192,8 @@ class CheckedSweeper(BasicSweeper):
         return self._launch(to_run)
 
     def _replicated(self, jobs: list[list[str]], overrides: list[Any]) -> list[list[str]]:
-        """Each job once per seed of ``sweep.seeds`` (module docstring), seed after seed."""
+        """Each job once per seed of ``sweep.seeds`` (module docstring): every job with the first
+        seed, then every job with the next."""
         seeds = OmegaConf.select(self.config, SEEDS_KEY, default=1)
         problems = seeds_problems(overrides, seeds)
         if problems:
@@ -200,7 +202,8 @@ class CheckedSweeper(BasicSweeper):
         if seeds == 1:
             return jobs
         base = int(OmegaConf.select(self.config, SEED_KEY, default=0))
-        return [[*job, f"{SEED_KEY}={base + i}"] for job in jobs for i in range(seeds)]
+        # seed after seed: more seeds later append jobs, and the earlier ones keep their numbers
+        return [[*job, f"{SEED_KEY}={base + i}"] for i in range(seeds) for job in jobs]
 
     def _plan(self, checks: list[JobCheck], sweep_dir: Path) -> None:
         """The table of all jobs (printed), each job's plan after it (in ``plan.txt``), and the
@@ -253,7 +256,7 @@ class CheckedSweeper(BasicSweeper):
         if not sweep_dir.is_dir():
             return {}
         jobs = settle_jobs(collect_jobs(sweep_dir))
-        return {tuple(o for o in job.get("overrides", []) if not _added_by_resume(o)): job for job in jobs}
+        return {job_identity(job.get("overrides", [])): job for job in jobs}
 
     @staticmethod
     def _set_aside(earlier: dict[str, Any], job: JobCheck, sweep_dir: Path) -> list[str]:
@@ -326,6 +329,12 @@ def seeds_problems(overrides: list[Any], seeds: Any) -> list[str]:
             f"{SEEDS_KEY}=N (seeds {SEED_KEY}, +1, ...) or a list of {SEED_KEY} values."
         ]
     return []
+
+
+def job_identity(overrides: list[str]) -> tuple[str, ...]:
+    """What a rerun of the sweep knows a job by: its overrides, less the resume point a rerun
+    added and how many seeds the sweep had (a rerun with more seeds keeps the seeds run)."""
+    return tuple(o for o in overrides if not _added_by_resume(o) and override_key(o) != SEEDS_KEY)
 
 
 def _added_by_resume(override: str) -> bool:

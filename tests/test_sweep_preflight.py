@@ -51,6 +51,22 @@ def test_seeds_that_cannot_replicate_the_jobs_start_nothing(tmp_path, seeds, why
 
 
 @pytest.mark.slow
+def test_a_rerun_with_more_seeds_runs_only_the_new_seeds(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", "debug=smoke", "training.steps=1", f"hydra.sweep.dir={sweep}"]
+    first = command_in_process([*args, "sweep.seeds=2"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    stamps = {n: (sweep / str(n) / "summary.json").stat().st_mtime_ns for n in (0, 1)}
+    more = command_in_process([*args, "sweep.seeds=3"])
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert more.stdout.count("completed earlier, kept") == 2 and "#2 completed training.seed=44" in more.stdout
+    jobs = manifest(sweep)["jobs"]
+    assert [(j["num"], j["name"], j["status"]) for j in jobs] == [(n, f"training.seed={42 + n}", "completed") for n in range(3)]
+    assert {n: (sweep / str(n) / "summary.json").stat().st_mtime_ns for n in (0, 1)} == stamps  # not trained again
+    assert read_summary(sweep / "2")["seed"] == 44
+
+
+@pytest.mark.slow
 def test_skip_invalid_runs_the_valid_jobs_and_a_rerun_trains_nothing_again(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", *ONE_STEP, "training.seed=1,2", "model.n_layers=2,0", "sweep.skip_invalid=true", f"hydra.sweep.dir={sweep}"]
