@@ -38,14 +38,18 @@ def test_a_sweep_with_an_invalid_job_starts_nothing(tmp_path):
 @pytest.mark.parametrize(
     "seeds,why",
     [
-        (["sweep.seeds=1,2"], "sweep.seeds: give one number of seeds (e.g. sweep.seeds=3), not a list."),
-        (["sweep.seeds=0"], "sweep.seeds=0: give how many seeds each job runs with, 1 or more"),
-        (["sweep.seeds=2", "training.seed=1,2"], "training.seed: swept together with sweep.seeds=2; sweep the seeds one way"),
+        (["-m", "model.n_layers=1,2", "sweep.seeds=1,2"], "sweep.seeds: give one number of seeds (e.g. sweep.seeds=3), not a list."),
+        (["-m", "model.n_layers=1,2", "sweep.seeds=0"], "sweep.seeds=0: give how many seeds each job runs with, 1 or more"),
+        (
+            ["-m", "model.n_layers=1,2", "sweep.seeds=2", "training.seed=1,2"],
+            "training.seed: swept together with sweep.seeds=2; sweep the seeds one way",
+        ),
+        (["hparams_search=tiny_lr", "sweep.seeds=2"], "sweep.seeds: a search runs each trial once"),
     ],
 )
 def test_seeds_that_cannot_replicate_the_jobs_start_nothing(tmp_path, seeds, why):
     sweep = tmp_path / "sweep"
-    result = command_in_process(["-m", "model.n_layers=1,2", *seeds, *ONE_STEP, f"hydra.sweep.dir={sweep}"])
+    result = command_in_process([*seeds, *ONE_STEP, f"hydra.sweep.dir={sweep}"])
     assert result.returncode == 2 and result.stderr.startswith(f"error: {why}"), result.stderr[-3000:]
     assert not sweep.exists()
 
