@@ -137,7 +137,7 @@ def run_info(cfg: RunConfig, device: DeviceSpec, layout: Layout, arch: Qwen3Arch
 def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout, backend: Backend) -> Trainer.Config:
     arch = backend.architecture(cfg)
     model_spec = device.adapt_model_spec(backend.model_spec(cfg, arch, device))
-    dataset = resolve_dataset(cfg.data)
+    dataset = resolve_dataset(cfg.data, cfg.training.seed)
     training = cfg.training
     compile_enabled = cfg.compile.backend != "off"
 

@@ -40,11 +40,12 @@ from omegaconf import OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
+from qwen3_trn.config.overrides import SEEDS_KEY
 from qwen3_trn.config.schema import Mode
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.records import IN_FLIGHT_STATUSES, scrub_hydra_files
 from qwen3_trn.report.search import write_search_report
-from qwen3_trn.sweep import collect_jobs, rerun_command, settle_jobs, start_sweep_record
+from qwen3_trn.sweep import collect_jobs, rerun_command, settle_jobs, start_sweep_record, sweep_seeds
 from qwen3_trn.sweeper import CheckedSweeper, JobCheck
 from qwen3_trn.trials import PRUNER_ATTR, RUN_DIR_ATTR, make_pruner, make_sampler
 
@@ -129,6 +130,8 @@ class SearchSweeper(CheckedSweeper):
                 raise ConfigError(
                     "hydra.sweeper.params", "this search has no search space: give interval(...), range(...) or choice(...) values."
                 )
+            if sweep_seeds(self.config) > 1:
+                raise ConfigError(SEEDS_KEY, "a search runs each trial once; leave sweep.seeds out (grid sweeps replicate their jobs).")
             sampler, pruner = make_sampler(self.sampler_spec), make_pruner(self.pruner_spec)
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)

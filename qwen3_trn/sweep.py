@@ -33,12 +33,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
 
 from qwen3_trn.exits import imports_of_entry_point
 
 # A torchtitan that lacks what the package uses: exit 2 as the command (qwen3_trn.exits).
 with imports_of_entry_point(__name__):
-    from qwen3_trn.config.overrides import override_key
+    from qwen3_trn.config.overrides import SEED_KEY, SEEDS_KEY, override_key
     from qwen3_trn.early import in_multirun
     from qwen3_trn.errors import ConfigError, NotApplicable, describe_error
     from qwen3_trn.launch import launcher_named, launcher_of
@@ -67,6 +68,7 @@ with imports_of_entry_point(__name__):
     )
     from qwen3_trn.redact import redact_argv, redact_log_handlers, redact_overrides, remember_env
     from qwen3_trn.report import build_report
+    from qwen3_trn.report.quantities import QUANTITIES
     from qwen3_trn.report.search import BEST_FILE, SEARCH_HTML
     from qwen3_trn.tracking import finish_dangling_run
 
@@ -271,15 +273,13 @@ def _job_line(job: dict[str, Any]) -> str:
     head = f"#{job.get('num')} {status.upper() if status == RunStatus.failed else status:<9} {label}"
     if status == RunStatus.completed:
         f = job.get("final", {})
+        q = QUANTITIES
         parts = []
         if "first_loss" in f and "last_loss" in f:
-            parts.append(f"loss {f['first_loss']:.4f} -> {f['last_loss']:.4f}")
+            parts.append(f"loss {q['first_loss'].format(f['first_loss'])} -> {q['last_loss'].format(f['last_loss'])}")
         if "val_loss" in f:
-            parts.append(f"val loss {f['val_loss']:.4f}")
-        if "tokens_per_s" in f:
-            parts.append(f"{f['tokens_per_s']:,.0f} tok/s")
-        if "peak_memory_gib" in f:
-            parts.append(f"{f['peak_memory_gib']:.2f} GiB")
+            parts.append(f"val loss {q['val_loss'].format(f['val_loss'])}")
+        parts += [q[key].with_unit(f[key]) for key in ("tokens_per_s", "peak_memory_gib") if key in f]
         return f"{head}: {', '.join(parts)}  ({job.get('run_dir')})"
     if status == RunStatus.skipped:
         return f"{head}: {'invalid' if job.get('invalid') else 'does not apply'}: {job.get('reason')}"
@@ -316,6 +316,7 @@ def write_manifest(sweep_dir: Path, jobs: list[dict[str, Any]], extra: dict[str,
         "group": shared.get("group") or default_group(sweep_dir),
         "experiment": shared.get("experiment"),
         "swept_keys": shared.get("swept_keys", []),
+        "seeds": shared.get("seeds", 1),
         "command": shared.get("command"),
         "started": shared.get("started"),
         "finished": time.time(),
@@ -339,7 +340,8 @@ def format_summary(manifest: dict[str, Any]) -> str:
         f"== sweep {manifest['sweep_dir']} ==",
         f"{c['total']} jobs: {c['completed']} completed, {c['failed']} failed, {c['skipped']} skipped"
         + "".join(f", {c[s]} {s}" for s in map(str, OTHER_STATUSES) if c.get(s))
-        + f"   (wandb group {manifest['group']}; swept: {', '.join(manifest['swept_keys']) or '-'})",
+        + f"   (wandb group {manifest['group']}; swept: {', '.join(manifest['swept_keys']) or '-'}"
+        + (f"; {manifest['seeds']} seeds per config)" if manifest.get("seeds", 1) > 1 else ")"),
     ]
     lines += ["  " + _job_line(job) for job in manifest["jobs"]]
     if c["total"] and c["skipped"] == c["total"]:
@@ -461,9 +463,17 @@ def _sweep_overrides(config: Any) -> dict[str, Any]:
     return final
 
 
+def sweep_seeds(config: Any) -> int:
+    """How many seeds each job of the sweep runs with (``sweep.seeds``; 1 when not a number)."""
+    seeds = OmegaConf.select(config, SEEDS_KEY, default=1)
+    return seeds if isinstance(seeds, int) and seeds > 1 else 1
+
+
 def swept_keys(config: Any) -> list[str]:
-    """Keys the sweep varies: ``hydra.sweeper.params`` and sweep overrides on the command line."""
-    return [key for key, override in _sweep_overrides(config).items() if override.is_sweep_override()]
+    """Keys the sweep varies: ``hydra.sweeper.params``, sweep overrides on the command line, and
+    the seed when ``sweep.seeds`` replicates every job."""
+    keys = [key for key, override in _sweep_overrides(config).items() if override.is_sweep_override()]
+    return [*keys, SEED_KEY] if sweep_seeds(config) > 1 and SEED_KEY not in keys else keys
 
 
 def unknown_group_options(config: Any) -> list[str]:
@@ -505,6 +515,7 @@ def start_sweep_record(config: Any, resumed: bool = False) -> None:
         "group": earlier.get("group") or group,
         "experiment": experiment,
         "swept_keys": swept_keys(config),
+        "seeds": sweep_seeds(config),
         "command": command,
         "started": earlier.get("started") or time.time(),
         **({"resumed": [*earlier.get("resumed", []), {"at": time.time(), "command": command}]} if earlier else {}),

@@ -7,6 +7,10 @@ any starts and a sweep directory that resumes.
   job (its overrides and its problems). ``sweep.skip_invalid=true`` runs the valid ones and
   records the others as skipped. A job whose settings do not apply to its mode or model
   (``NotApplicable``) is not invalid: it is skipped when its turn comes, as before.
+- **Seeds.** ``sweep.seeds=N`` runs every job N times, with ``training.seed`` = the configured
+  seed, +1, ... +N-1 (its own init and data order; ``training.seed=<s>`` is one of the job's
+  overrides, so a replicate is a job like any other: named, checked, resumed by it). The jobs
+  go seed after seed, so a rerun with more seeds keeps the jobs (and numbers) of those run.
 - **Plans.** When every job is ``mode=plan``, one table of all jobs (layout, memory per rank,
   fits, FLOPs per step) is printed and written to ``<sweep dir>/plan.txt``; no job runs.
 - **Resume.** Rerunning a sweep into its directory (``hydra.sweep.dir=<existing>``) runs only
@@ -33,7 +37,7 @@ from rich.table import Table
 
 from qwen3_trn.checkpointing import find_resume_point
 from qwen3_trn.config.composition import composition_error
-from qwen3_trn.config.overrides import override_key
+from qwen3_trn.config.overrides import SEED_KEY, SEEDS_KEY, override_key
 from qwen3_trn.config.schema import Mode
 from qwen3_trn.config.typed import run_config_from_container
 from qwen3_trn.errors import ConfigError, ConfigErrors, NotApplicable
@@ -154,6 +158,7 @@ class CheckedSweeper(BasicSweeper):
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         overrides = parser.parse_overrides([*self._parse_config(), *arguments])
         jobs = [list(job) for batch in self.split_arguments(overrides, None) for job in batch]
+        jobs = self._replicated(jobs, overrides)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         previous = self._previous_jobs(sweep_dir)
         checks = [self._check(num, job, sweep_dir) for num, job in enumerate(jobs)]
@@ -177,7 +182,7 @@ class CheckedSweeper(BasicSweeper):
         for job in checks:
             if job.invalid:
                 continue
-            earlier = previous.get(tuple(redact_overrides(job.overrides)))
+            earlier = previous.get(job_identity(redact_overrides(job.overrides)))
             status = (earlier or {}).get("status")
             if status in KEPT_STATUSES or status in IN_FLIGHT_STATUSES:
                 print(f"[sweep] #{job.num} {status} earlier, kept: {' '.join(redact_overrides(job.overrides))}", flush=True)
@@ -185,6 +190,20 @@ class CheckedSweeper(BasicSweeper):
             extra = self._set_aside(earlier, job, sweep_dir) if earlier else []
             to_run.append((job.num, [*job.overrides, *extra]))
         return self._launch(to_run)
+
+    def _replicated(self, jobs: list[list[str]], overrides: list[Any]) -> list[list[str]]:
+        """Each job once per seed of ``sweep.seeds`` (module docstring): every job with the first
+        seed, then every job with the next."""
+        seeds = OmegaConf.select(self.config, SEEDS_KEY, default=1)
+        problems = seeds_problems(overrides, seeds)
+        if problems:
+            print("error: " + "\n".join(problems), file=sys.stderr, flush=True)
+            sys.exit(2)
+        if seeds == 1:
+            return jobs
+        base = int(OmegaConf.select(self.config, SEED_KEY, default=0))
+        # seed after seed: more seeds later append jobs, and the earlier ones keep their numbers
+        return [[*job, f"{SEED_KEY}={base + i}"] for i in range(seeds) for job in jobs]
 
     def _plan(self, checks: list[JobCheck], sweep_dir: Path) -> None:
         """The table of all jobs (printed), each job's plan after it (in ``plan.txt``), and the
@@ -237,7 +256,7 @@ class CheckedSweeper(BasicSweeper):
         if not sweep_dir.is_dir():
             return {}
         jobs = settle_jobs(collect_jobs(sweep_dir))
-        return {tuple(o for o in job.get("overrides", []) if not _added_by_resume(o)): job for job in jobs}
+        return {job_identity(job.get("overrides", [])): job for job in jobs}
 
     @staticmethod
     def _set_aside(earlier: dict[str, Any], job: JobCheck, sweep_dir: Path) -> list[str]:
@@ -297,8 +316,29 @@ class CheckedSweeper(BasicSweeper):
         return returns
 
 
+def seeds_problems(overrides: list[Any], seeds: Any) -> list[str]:
+    """Why ``sweep.seeds`` cannot replicate this sweep's jobs (parsed overrides), if it cannot."""
+    swept = {o.get_key_element().lstrip("+~") for o in overrides if o.is_sweep_override()}
+    if SEEDS_KEY in swept:
+        return [f"{SEEDS_KEY}: give one number of seeds (e.g. {SEEDS_KEY}=3), not a list."]
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
+        return [f"{SEEDS_KEY}={seeds}: give how many seeds each job runs with, 1 or more (e.g. {SEEDS_KEY}=3)."]
+    if seeds > 1 and SEED_KEY in swept:
+        return [
+            f"{SEED_KEY}: swept together with {SEEDS_KEY}={seeds}; sweep the seeds one way: "
+            f"{SEEDS_KEY}=N (seeds {SEED_KEY}, +1, ...) or a list of {SEED_KEY} values."
+        ]
+    return []
+
+
+def job_identity(overrides: list[str]) -> tuple[str, ...]:
+    """What a rerun of the sweep knows a job by: its overrides, less the resume point a rerun
+    added and how many seeds the sweep had (a rerun with more seeds keeps the seeds run)."""
+    return tuple(o for o in overrides if not _added_by_resume(o) and override_key(o) != SEEDS_KEY)
+
+
 def _added_by_resume(override: str) -> bool:
     return override_key(override) == "checkpoint.resume_from" and f"/{ATTEMPTS_DIR}/" in override
 
 
-__all__ = ["CheckedSweeper", "JobCheck", "invalid_jobs_message", "plan_table"]
+__all__ = ["CheckedSweeper", "JobCheck", "invalid_jobs_message", "plan_table", "seeds_problems"]

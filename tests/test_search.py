@@ -5,6 +5,7 @@ SQLite storage, reported (search.html, best.yaml) and opened in optuna-dashboard
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -117,9 +118,46 @@ def test_search_prunes_and_writes_the_best_config(search):
     for number in complete:
         assert f'id="search-loss-trial-{number}"' in html
     assert f"Best trial: {best_number} " in html
-    importances = load_study(sweep_dir)
-    weights = optuna.importance.get_param_importances(importances)
-    assert "<h2 id='importances'>" in html and all(f"<code>{key}</code>" in html for key in weights)
+    # sampled values to a few significant digits, run directories relative to the sweep
+    study = load_study(sweep_dir)
+    for trial in study.trials:
+        row = re.search(rf'<tr id="trial-{trial.number}"[^>]*>(.*?)</tr>', html).group(1)
+        assert f"<td>{trial.params['optimizer.lr']:.4g}</td>" in row and row.endswith(f"<td>{trial.number}</td>"), row
+    assert f"<td>{sweep_dir}" not in html
+    # importances from 2-3 completed trials would be noise: withheld, and the page says why
+    assert "<h2 id='importances'>" in html and "Parameter importances are withheld until 10 trials have completed" in html
+
+
+@needs_chromium
+def test_the_search_report_opens_in_a_real_browser(search, tmp_path):
+    sweep_dir, _, _ = search
+    shot = tmp_path / "search.png"
+    page = (sweep_dir / "search.html").resolve().as_uri()
+    dom = chromium(page, tmp_path / "profile", "--dump-dom").stdout
+    assert dom.count('<tr id="trial-') == len(load_study(sweep_dir).trials) and 'id="search-loss-trial-' in dom
+    chromium(page, tmp_path / "profile", "--window-size=1200,1400", f"--screenshot={shot}")
+    from PIL import Image
+
+    assert Image.open(shot).size == (1200, 1400)
+
+
+def test_importances_say_what_they_rest_on():
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import create_trial
+
+    from qwen3_trn.report.search import MIN_TRIALS_FOR_IMPORTANCES, importances
+
+    space = {"optimizer.lr": FloatDistribution(1e-4, 1.0, log=True), "optimizer.weight_decay": FloatDistribution(0.0, 0.1)}
+    study = optuna.create_study()
+    for n in range(MIN_TRIALS_FOR_IMPORTANCES):
+        if n == 2:
+            weights, basis = importances(study)
+            assert weights == {} and "(this search has 2)" in basis
+        lr, wd = 10 ** (-4 + 4 * n / MIN_TRIALS_FOR_IMPORTANCES), 0.01 * (n % 3)
+        study.add_trial(create_trial(params={"optimizer.lr": lr, "optimizer.weight_decay": wd}, distributions=space, value=7 - lr))
+    weights, basis = importances(study)
+    assert set(weights) == set(space) and sum(weights.values()) == pytest.approx(1.0)
+    assert basis.startswith(f"From {MIN_TRIALS_FOR_IMPORTANCES} completed trials")
 
 
 def test_search_resumes_its_study(search):

@@ -90,8 +90,9 @@ def assert_tracked_jobs(manifest: dict, mode_of: dict[int, str] | None = None) -
 @pytest.fixture(scope="module")
 def moe_grid(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     sweep_dir = tmp_path_factory.mktemp("moe_grid") / "grid"
-    # experiment=moe_grid sweeps top_k x n_layers; the command line narrows both lists (2 x 2 jobs).
-    result = run_sweep(["experiment=moe_grid", "model.top_k=1,2", "model.n_layers=1,2", *TINY], sweep_dir, cli=True)
+    # experiment=moe_grid sweeps top_k x n_layers; the command line narrows both lists (2 x 2
+    # configs), each with 2 seeds (42 and 43): 8 jobs.
+    result = run_sweep(["experiment=moe_grid", "model.top_k=1,2", "model.n_layers=1,2", "sweep.seeds=2", *TINY], sweep_dir, cli=True)
     assert result.returncode == 0, _explain(result)
     return sweep_dir, result
 
@@ -100,17 +101,22 @@ def moe_grid(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
 def test_moe_grid_sweep_tracks_every_job_and_reports(moe_grid):
     sweep_dir, result = moe_grid
     manifest = manifest_of(sweep_dir)
-    assert manifest["counts"] == {"completed": 4, "failed": 0, "skipped": 0, "total": 4}
-    assert manifest["experiment"] == "moe_grid" and manifest["swept_keys"] == ["model.top_k", "model.n_layers"]
-    combos = {
-        (job["num"], tuple(o for o in job["overrides"] if o.startswith(("model.top_k", "model.n_layers")))) for job in manifest["jobs"]
-    }
-    assert {c[1] for c in combos} == {(f"model.top_k={k}", f"model.n_layers={n}") for k in (1, 2) for n in (1, 2)}
-    assert len({job["run_dir"] for job in manifest["jobs"]}) == 4
+    assert manifest["counts"] == {"completed": 8, "failed": 0, "skipped": 0, "total": 8}
+    assert manifest["experiment"] == "moe_grid" and manifest["swept_keys"] == ["model.top_k", "model.n_layers", "training.seed"]
+    assert manifest["seeds"] == 2
+    swept = ("model.top_k=", "model.n_layers=", "training.seed=")
+    combos = [tuple(o for o in job["overrides"] if o.startswith(swept)) for job in manifest["jobs"]]
+    # every config once per seed, seed after seed; the seed is one of the job's overrides and in its name
+    assert combos == [
+        (f"model.top_k={k}", f"model.n_layers={n}", f"training.seed={seed}") for seed in (42, 43) for k in (1, 2) for n in (1, 2)
+    ]
+    assert manifest["jobs"][4]["name"] == "model.top_k=1,model.n_layers=1,training.seed=43"
+    assert len({job["run_dir"] for job in manifest["jobs"]}) == 8
     for job in manifest["jobs"]:
         summary = json.loads((Path(job["run_dir"]) / "summary.json").read_text())
-        k, n = (int(o.split("=")[1]) for o in job["overrides"] if o.startswith(("model.top_k", "model.n_layers")))
+        k, n, seed = (int(o.split("=")[1]) for o in job["overrides"] if o.startswith(swept))
         assert summary["architecture"]["top_k"] == k and summary["architecture"]["n_layers"] == n
+        assert summary["seed"] == seed  # recorded with the run
         assert job["final"]["last_loss"] == summary["last_loss"]
     runs = assert_tracked_jobs(manifest)
     assert {"moe_grid"} <= set(runs[0].tags)
@@ -141,11 +147,15 @@ def test_moe_grid_sweep_tracks_every_job_and_reports(moe_grid):
     digests = {s["validation_tokens_sha256"] for s in summaries}
     assert len(digests) == 1 and re.fullmatch(r"[0-9a-f]{64}", digests.pop())
     assert {s["validation_tokens"] for s in summaries} == {4 * 2 * 64}  # validation.steps x batch x seq_len
-    assert len({s["val_loss"] for s in summaries}) == 4  # four different models on the same tokens
+    assert len({s["val_loss"] for s in summaries}) == 8  # eight different models (configs x seeds) on the same tokens
+    # a seed changes the run: the same config's two seeds start from different losses
+    assert all(summaries[i]["first_loss"] != summaries[i + 4]["first_loss"] for i in range(4))
 
     # the sweep's own report: every job, plots, final loss vs each swept key, heatmaps of the grid
     html = (sweep_dir / "report.html").read_text()
-    assert html.count("<tr data-run=") == 4
+    assert html.count("<tr data-run=") == 8 and html.count('data-seeds="2"') == 4
+    assert "<h1>Sweep experiment=moe_grid: model.top_k × model.n_layers, 2 seeds each</h1>" in html
+    assert "Each config ran with 2 seeds (training.seed 42, 43)" in html
     for plot in (
         "loss_vs_step",
         "tokens_per_s",
@@ -159,12 +169,22 @@ def test_moe_grid_sweep_tracks_every_job_and_reports(moe_grid):
         assert f'id="{plot}"' in html
     with (sweep_dir / "report.csv").open() as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == 4 and {r["status"] for r in rows} == {"completed"} and all(r["source"] == "metrics" for r in rows)
+    assert len(rows) == 8 and {r["status"] for r in rows} == {"completed"} and all(r["source"] == "metrics" for r in rows)
     for row, job in zip(rows, manifest["jobs"]):
         assert float(row["val_loss"]) == pytest.approx(job["final"]["val_loss"])
-    assert "report:" in result.stdout and "4 jobs: 4 completed, 0 failed, 0 skipped" in result.stdout
+    assert "report:" in result.stdout and "8 jobs: 8 completed, 0 failed, 0 skipped" in result.stdout
+    assert "2 seeds per config" in result.stdout
     markdown = (sweep_dir / "report.md").read_text()
     assert "**Final validation loss** (rows: model.top_k, columns: model.n_layers)" in markdown
+    # the spread in every figure: each heatmap cell has its seeds' range, each plot says it shows them
+    for figure_id in ("heatmap_val_loss", "heatmap_tokens_per_s", "heatmap_peak_memory"):
+        assert len(re.findall(rf'id="{figure_id}-range-\d-\d"', html)) == 4
+    for caption in re.findall(r"<figcaption>([^<]*)</figcaption>", html):
+        assert "mean of" in caption and "range" in caption, caption
+
+    # the seeds resume like any job: a rerun into the sweep keeps all eight
+    again = run_sweep(["experiment=moe_grid", "model.top_k=1,2", "model.n_layers=1,2", "sweep.seeds=2", *TINY], sweep_dir)
+    assert again.returncode == 0 and again.stdout.count("completed earlier, kept") == 8, _explain(again)
 
 
 @pytest.mark.slow
@@ -181,12 +201,17 @@ def test_moe_grid_heatmap_is_drawn_in_a_real_browser(moe_grid, tmp_path):
     assert 'data-cells-drawn="4"' in figure, figure[:300]
     assert 'data-heatmap-cells-drawn="12"' in dom  # three heatmaps of 2 x 2
     cells = json.loads(html_module.unescape(re.search(r'data-cells="([^"]+)"', figure).group(1)))
-    by_job = {(job_param(job, "model.top_k"), job_param(job, "model.n_layers")): job["final"]["val_loss"] for job in manifest["jobs"]}
+    by_config: dict[tuple[str, str], list[float]] = {}
+    for job in manifest["jobs"]:
+        by_config.setdefault((job_param(job, "model.top_k"), job_param(job, "model.n_layers")), []).append(job["final"]["val_loss"])
     rows, columns = ["1", "2"], ["1", "2"]  # top_k rows, n_layers columns, in value order
-    for cell in cells:
-        assert cell["value"] == pytest.approx(by_job[(rows[cell["row"]], columns[cell["column"]])])
-        # the value is printed in its cell
-        assert re.search(rf'id="heatmap_val_loss-value-{cell["row"]}-{cell["column"]}".*?>{re.escape(cell["text"])}</text>', dom, re.S)
+    for cell in cells:  # the mean of the config's two seeds, and their range
+        seeds = by_config[(rows[cell["row"]], columns[cell["column"]])]
+        assert cell["value"] == pytest.approx(sum(seeds) / 2) and (cell["low"], cell["high"]) == (min(seeds), max(seeds))
+        # the value is printed in its cell (after its mark against the best config, if any), its range under it
+        shown = f"{cell['mark']} {cell['text']}".strip()
+        assert re.search(rf'id="heatmap_val_loss-value-{cell["row"]}-{cell["column"]}".*?>{re.escape(shown)}</text>', dom, re.S)
+        assert re.search(rf'id="heatmap_val_loss-range-{cell["row"]}-{cell["column"]}".*?>[0-9.]+–[0-9.]+</text>', dom, re.S)
 
     # and the cells are on screen in their colours (the heatmaps come first on the page)
     shot = tmp_path / "shot.png"

@@ -35,6 +35,41 @@ def test_a_sweep_with_an_invalid_job_starts_nothing(tmp_path):
     assert not sweep.exists(), "nothing is written before every job is valid"
 
 
+@pytest.mark.parametrize(
+    "seeds,why",
+    [
+        (["-m", "model.n_layers=1,2", "sweep.seeds=1,2"], "sweep.seeds: give one number of seeds (e.g. sweep.seeds=3), not a list."),
+        (["-m", "model.n_layers=1,2", "sweep.seeds=0"], "sweep.seeds=0: give how many seeds each job runs with, 1 or more"),
+        (
+            ["-m", "model.n_layers=1,2", "sweep.seeds=2", "training.seed=1,2"],
+            "training.seed: swept together with sweep.seeds=2; sweep the seeds one way",
+        ),
+        (["hparams_search=tiny_lr", "sweep.seeds=2"], "sweep.seeds: a search runs each trial once"),
+    ],
+)
+def test_seeds_that_cannot_replicate_the_jobs_start_nothing(tmp_path, seeds, why):
+    sweep = tmp_path / "sweep"
+    result = command_in_process([*seeds, *ONE_STEP, f"hydra.sweep.dir={sweep}"])
+    assert result.returncode == 2 and result.stderr.startswith(f"error: {why}"), result.stderr[-3000:]
+    assert not sweep.exists()
+
+
+@pytest.mark.slow
+def test_a_rerun_with_more_seeds_runs_only_the_new_seeds(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", "debug=smoke", "training.steps=1", f"hydra.sweep.dir={sweep}"]
+    first = command_in_process([*args, "sweep.seeds=2"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    stamps = {n: (sweep / str(n) / "summary.json").stat().st_mtime_ns for n in (0, 1)}
+    more = command_in_process([*args, "sweep.seeds=3"])
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert more.stdout.count("completed earlier, kept") == 2 and "#2 completed training.seed=44" in more.stdout
+    jobs = manifest(sweep)["jobs"]
+    assert [(j["num"], j["name"], j["status"]) for j in jobs] == [(n, f"training.seed={42 + n}", "completed") for n in range(3)]
+    assert {n: (sweep / str(n) / "summary.json").stat().st_mtime_ns for n in (0, 1)} == stamps  # not trained again
+    assert read_summary(sweep / "2")["seed"] == 44
+
+
 @pytest.mark.slow
 def test_skip_invalid_runs_the_valid_jobs_and_a_rerun_trains_nothing_again(tmp_path):
     sweep = tmp_path / "sweep"

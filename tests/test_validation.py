@@ -50,7 +50,7 @@ def documents(tmp_path) -> Path:
 
 def test_files_hold_out_a_fraction_that_training_never_sees(documents):
     data = FilesSource.Config(path=str(documents), text_column="body", val_fraction=0.2)
-    train, held_out = _texts(resolve_dataset(data)), _texts(resolve_validation_dataset(data))
+    train, held_out = _texts(resolve_dataset(data, seed=0)), _texts(resolve_validation_dataset(data))
     assert held_out == ["document number 2", "document number 7"]  # evenly spaced, in order
     assert len(train) == 8 and not set(train) & set(held_out)
     assert sorted(train + held_out) == sorted(f"document number {i}" for i in range(10))
@@ -63,22 +63,31 @@ def test_files_with_their_own_validation_files(documents, tmp_path):
     held_out = tmp_path / "val.txt"
     held_out.write_text("a held-out line\nanother one\n")
     data = FilesSource.Config(path=str(documents), text_column="body", val_path=str(held_out))
-    assert len(_texts(resolve_dataset(data))) == 10  # nothing held out of the training files
+    assert len(_texts(resolve_dataset(data, seed=0))) == 10  # nothing held out of the training files
     assert _texts(resolve_validation_dataset(data)) == ["a held-out line", "another one"]
 
 
 def test_embedded_and_c4_bring_their_validation_split():
     embedded = resolve_validation_dataset(EmbeddedSource.Config())
     assert embedded.path == str(validation_corpus_path())
-    assert len(_texts(embedded)) >= 10 and not set(_texts(embedded)) & set(_texts(resolve_dataset(EmbeddedSource.Config())))
+    assert len(_texts(embedded)) >= 10 and not set(_texts(embedded)) & set(_texts(resolve_dataset(EmbeddedSource.Config(), seed=0)))
     assert resolve_validation_dataset(C4Source.Config()).name == "c4_validation"
 
 
 def test_hub_validation_split_is_its_own_split():
     data = HubSource.Config(path="roneneldan/TinyStories", val_split="validation")
-    held_out, train = resolve_validation_dataset(data), resolve_dataset(data)
+    held_out, train = resolve_validation_dataset(data), resolve_dataset(data, seed=0)
     assert DATASETS[held_out.name].loader.args[:2] == (None, "validation")
-    assert DATASETS[train.name].loader.args[:2] == (None, "train")  # the whole training split
+    source_loader, seed = DATASETS[train.name].loader.args[:2]  # the whole training split, shuffled by the seed
+    assert source_loader.args[:2] == (None, "train") and seed == 0
+
+
+def test_the_seed_orders_the_training_documents_and_not_the_held_out_ones(documents):
+    data = FilesSource.Config(path=str(documents), text_column="body", val_fraction=0.2)
+    orders = [_texts(resolve_dataset(data, seed=seed)) for seed in (0, 1, 0)]
+    assert orders[0] == orders[2] and orders[0] != orders[1]  # the same seed, the same order
+    assert sorted(orders[0]) == sorted(orders[1])  # the same documents
+    assert _texts(resolve_validation_dataset(data)) == ["document number 2", "document number 7"]
 
 
 @pytest.mark.parametrize(

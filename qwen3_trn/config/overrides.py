@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+# The key a sweep's replicates differ in (``sweep.seeds``): a run's seed, of its init and data order.
+SEED_KEY = "training.seed"
+SEEDS_KEY = "sweep.seeds"
+
 
 def override_key(override: str) -> str:
     """``model.top_k`` of ``model.top_k=2`` (also of ``+key=v``, ``++key=v`` and ``~key``)."""

@@ -369,6 +369,9 @@ class SweepConfig:
     # false: one invalid job stops the sweep before any job starts; true: the valid jobs run and
     # the invalid ones are recorded as skipped.
     skip_invalid: bool = False
+    # Replicates: every job of the sweep runs this many times, with training.seed, training.seed+1,
+    # ... (each seed its own model init and data order); the report shows their mean and spread.
+    seeds: int = key(1, ge=1, note="how many seeds each job of a sweep runs with")
     trial: TrialConfig = field(default_factory=TrialConfig)
 
 

@@ -18,11 +18,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from qwen3_trn.report.figures import final_loss_key, grid_keys, ordered_values, trained
+from qwen3_trn.report.figures import GRID_FIGURES, final_loss_key, grid_keys, ordered_values, trained
+from qwen3_trn.report.quantities import QUANTITIES
 from qwen3_trn.report.runs import Collection
 from qwen3_trn.tracking import wandb_api_key
-
-GRID_FIGURES = (("tokens_per_s", "tokens/s"), ("peak_memory_gib", "peak memory (GiB)"))
 
 
 def _offline_dirs(collection: Collection) -> list[Path]:
@@ -94,7 +93,7 @@ def report_panels(wr, collection: Collection) -> list:
         wr.BarPlot(title="tokens/s", metrics=["tokens_per_s"]),
         wr.BarPlot(title="peak memory (GiB)", metrics=["memory_peak_gib"]),
     ]
-    for key in collection.swept_keys:
+    for key in collection.config_keys:
         if _numeric_key(collection, key):
             panels.append(wr.ScatterPlot(title=f"{name} vs {key}", x=_axis(wr, collection, key), y=wr.SummaryMetric(figure_key)))
         else:
@@ -106,13 +105,13 @@ def report_panels(wr, collection: Collection) -> list:
                     groupby_aggfunc="mean",
                 )
             )
-    grid = grid_keys(collection.runs, collection.swept_keys)
+    grid = grid_keys(collection.runs, collection.config_keys)
     if len(grid) == 2:
         rows, columns = grid
-        for key, title in ((figure_key, name), *GRID_FIGURES):
+        for key in (figure_key, *(key for key, _ in GRID_FIGURES)):
             panels.append(
                 wr.ScatterPlot(
-                    title=f"heatmap: {title} over {rows} x {columns}",
+                    title=f"heatmap: {QUANTITIES[key].column} over {rows} x {columns}",
                     x=_axis(wr, collection, columns),
                     y=_axis(wr, collection, rows),
                     z=wr.SummaryMetric(key),
@@ -124,8 +123,9 @@ def report_panels(wr, collection: Collection) -> list:
 def wandb_report(wr, collection: Collection, project: str, entity: str | None, title: str | None):
     """The wandb Report object (built offline; ``save()`` publishes it): the runs grouped by the
     swept keys, with the local report's panels."""
-    # each run's config has run.params: its overrides as key -> value (qwen3_trn.tracking)
-    runset_kwargs = dict(project=project, groupby=[f"config.run.params.{k}" for k in collection.swept_keys])
+    # each run's config has run.params: its overrides as key -> value (qwen3_trn.tracking); the
+    # seeds of a config are one group, which wandb draws as their mean and range
+    runset_kwargs = dict(project=project, groupby=[f"config.run.params.{k}" for k in collection.config_keys])
     if entity:
         runset_kwargs["entity"] = entity
     if collection.groups:

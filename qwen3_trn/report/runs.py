@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qwen3_trn.config.overrides import SEED_KEY
 from qwen3_trn.records import read_job_record, read_manifest, read_summary, summarize
+from qwen3_trn.report.quantities import Spread, spread
 
 RUN_FILES = ("config.yaml", "summary.json", "metrics.jsonl", "job.json", "overrides.yaml")
 
@@ -35,6 +37,7 @@ class RunData:
     # summary.json's wandb section (project, entity, mode, ...) and the run's local wandb directory
     wandb: dict[str, Any] = field(default_factory=dict)
     wandb_dir: str | None = None
+    seed: int | None = None
     label: str = ""
 
     @property
@@ -93,6 +96,8 @@ def load_run(run_dir: Path, job: dict[str, Any] | None = None) -> RunData:
         wandb_dir=(summary.get("wandb_run") or {}).get("run_dir"),
     )
     run.overrides = overrides if overrides is not None else list(job.get("overrides", []))
+    seed = summary.get("seed", run.params.get(SEED_KEY))
+    run.seed = int(seed) if seed is not None else None
     run.note = job.get("reason") or job.get("error") or ""
     run.records = _read_metrics(run_dir)
     run.source = "metrics" if run.records else "none"
@@ -120,12 +125,56 @@ def _find_run_dirs(root: Path, depth: int = 3) -> list[Path]:
 
 
 @dataclass
+class ConfigRuns:
+    """One config of the collection (its values of the swept keys other than the seed) and its
+    runs, one per seed."""
+
+    label: str
+    params: dict[str, str]
+    runs: list[RunData]
+
+    @property
+    def trained(self) -> list[RunData]:
+        return [r for r in self.runs if r.records]
+
+    def spread(self, key: str) -> Spread | None:
+        """``key`` over this config's trained runs (its seeds)."""
+        return spread(r.figures.get(key) for r in self.trained)
+
+    @property
+    def seeds(self) -> list[int]:
+        return sorted(r.seed for r in self.trained if r.seed is not None)
+
+
+@dataclass
 class Collection:
     runs: list[RunData]
     swept_keys: list[str]
     groups: list[str]
     sweep_dirs: list[Path]
     title: str
+    subtitle: str = ""
+
+    @property
+    def config_keys(self) -> list[str]:
+        """The swept keys that make configs (the seed makes replicates of one)."""
+        return [k for k in self.swept_keys if k != SEED_KEY]
+
+    @property
+    def configs(self) -> list[ConfigRuns]:
+        """The runs grouped by config, in the order of their first run."""
+        by_label: dict[str, ConfigRuns] = {}
+        for run in self.runs:
+            params = {k: run.params[k] for k in self.config_keys if k in run.params}
+            label = ", ".join(f"{k}={v}" for k, v in params.items()) or "all runs"
+            by_label.setdefault(label, ConfigRuns(label, params, [])).runs.append(run)
+        return list(by_label.values())
+
+    @property
+    def seeds_per_config(self) -> int:
+        """The fewest seeds a trained config has (0: nothing trained)."""
+        counts = [len(c.trained) for c in self.configs if c.trained]
+        return min(counts) if counts else 0
 
 
 def collect(paths: list[Path]) -> Collection:
@@ -133,6 +182,7 @@ def collect(paths: list[Path]) -> Collection:
     ones too), run directories, or folders holding either."""
     runs: list[RunData] = []
     manifest_keys: list[str] = []
+    experiments: list[str] = []
     groups: list[str] = []
     sweep_dirs: list[Path] = []
     seen: set[Path] = set()
@@ -144,6 +194,8 @@ def collect(paths: list[Path]) -> Collection:
             sweep_dirs.append(path)
             if manifest.get("group"):
                 groups.append(manifest["group"])
+            if manifest.get("experiment") and manifest["experiment"] not in experiments:
+                experiments.append(manifest["experiment"])
             manifest_keys += [k for k in manifest.get("swept_keys", []) if k not in manifest_keys]
             for job in manifest.get("jobs", []):
                 run_dir = Path(job.get("run_dir") or path / str(job.get("num")))
@@ -167,8 +219,27 @@ def collect(paths: list[Path]) -> Collection:
             groups.append(run.wandb_group)
     keys = swept_keys(runs, manifest_keys)
     _label(runs, keys)
-    title = "Sweep " + ", ".join(str(d) for d in sweep_dirs) if sweep_dirs else f"{len(runs)} runs"
-    return Collection(runs=runs, swept_keys=keys, groups=groups, sweep_dirs=sweep_dirs, title=title)
+    collection = Collection(runs=runs, swept_keys=keys, groups=groups, sweep_dirs=sweep_dirs, title="")
+    collection.title = _title(collection, experiments, [k for k in manifest_keys if k != SEED_KEY])
+    collection.subtitle = "; ".join(f"sweep directory: {_shown_path(d)}" for d in sweep_dirs)
+    return collection
+
+
+def _shown_path(path: Path) -> str:
+    """A path relative to the working directory where it lies below it, else as it is."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _title(collection: Collection, experiments: list[str], sweep_keys: list[str]) -> str:
+    """What the runs are: ``experiment=moe_grid: model.top_k × model.n_layers, 2 seeds each`` (the
+    keys its sweeps varied, else those that differ between the runs)."""
+    what = "Sweep " + " + ".join(f"experiment={e}" for e in experiments) if experiments else ("Sweep" if collection.sweep_dirs else "Runs")
+    keys = " × ".join(sweep_keys or collection.config_keys) or "one config"
+    seeds = collection.seeds_per_config
+    return f"{what}: {keys}" + (f", {seeds} seeds each" if seeds > 1 else "")
 
 
 def swept_keys(runs: list[RunData], known: list[str] | None = None) -> list[str]:

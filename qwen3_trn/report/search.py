@@ -8,8 +8,13 @@ trials' run directories: ``search.html`` and ``search.md`` in the sweep director
   pruned trial);
 * one row per trial: its state (complete, pruned, failed: invalid or failed run, running), value,
   parameters and run directory;
-* parameter importances (``optuna.importance.get_param_importances``) once enough trials have
-  completed; the page says why not otherwise.
+* parameter importances (``optuna.importance.get_param_importances``, fANOVA) with the number
+  of completed trials they rest on, withheld (the page says why) until
+  ``MIN_TRIALS_FOR_IMPORTANCES`` have completed: from fewer they mostly reflect which values
+  the sampler happened to try.
+
+Sampled values are written to a few significant digits, losses as every report writes them
+(``quantities.QUANTITIES``), run directories relative to the sweep directory.
 """
 
 from __future__ import annotations
@@ -24,11 +29,15 @@ from optuna.trial import TrialState
 
 from qwen3_trn.records import CONFIG_FILE, read_metrics, write_text_atomic
 from qwen3_trn.report.figures import _pyplot, _svg
+from qwen3_trn.report.quantities import QUANTITIES
 
 BEST_FILE = "best.yaml"
 SEARCH_HTML = "search.html"
 SEARCH_MD = "search.md"
 FIGURE_ID = "search-loss"
+MIN_TRIALS_FOR_IMPORTANCES = 10
+# How the value of a trial (its final validation loss) is written.
+VALUE = QUANTITIES["val_loss"]
 
 
 def _trial_state(trial: optuna.trial.FrozenTrial) -> str:
@@ -45,14 +54,30 @@ def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
 
 
 def importances(study: optuna.Study) -> tuple[dict[str, float], str]:
-    """Optuna's parameter importances, or why there are none."""
+    """Optuna's parameter importances and what they rest on, or why they are withheld."""
     complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
-    if len(complete) < 2:
-        return {}, f"parameter importances need at least 2 completed trials; this search has {len(complete)}."
+    if len(complete) < MIN_TRIALS_FOR_IMPORTANCES:
+        return {}, (
+            f"Parameter importances are withheld until {MIN_TRIALS_FOR_IMPORTANCES} trials have completed "
+            f"(this search has {len(complete)}): from fewer they mostly reflect which values the sampler happened to try."
+        )
     try:
-        return dict(optuna.importance.get_param_importances(study)), ""
+        weights = dict(optuna.importance.get_param_importances(study))
     except (ValueError, RuntimeError) as exc:
         return {}, f"Optuna computed no parameter importances: {exc}"
+    return weights, f"From {len(complete)} completed trials (Optuna's fANOVA evaluator; the importances sum to 1)."
+
+
+def param_text(value: Any) -> str:
+    """A sampled value to a few significant digits (``0.01568``); others as they are."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _relative(run_dir: str, sweep_dir: Path) -> str:
+    try:
+        return str(Path(run_dir).relative_to(sweep_dir))
+    except ValueError:
+        return run_dir
 
 
 def plot_trials(study: optuna.Study, run_dirs: dict[int, Path]) -> str | None:
@@ -114,16 +139,17 @@ def write_best(
     return record
 
 
-def _rows(study: optuna.Study, jobs: dict[int, dict[str, Any]]) -> list[list[str]]:
+def _rows(study: optuna.Study, jobs: dict[int, dict[str, Any]], sweep_dir: Path) -> list[list[str]]:
     keys = sorted({k for t in study.trials for k in t.params})
     rows = [["trial", "state", "value", *keys, "run dir"]]
     for trial in study.trials:
-        value = "" if trial.value is None else f"{trial.value:.4f}"
+        value = VALUE.format(trial.value)
         if trial.state == TrialState.PRUNED and trial.intermediate_values:
             step = max(trial.intermediate_values)
-            value = f"{trial.intermediate_values[step]:.4f} at step {step}"
-        params = [str(trial.params.get(k, "")) for k in keys]
-        rows.append([str(trial.number), _trial_state(trial), value, *params, str(jobs.get(trial.number, {}).get("run_dir", ""))])
+            value = f"{VALUE.format(trial.intermediate_values[step])} at step {step}"
+        params = [param_text(trial.params.get(k, "")) for k in keys]
+        run_dir = _relative(str(jobs.get(trial.number, {}).get("run_dir", "")), sweep_dir)
+        rows.append([str(trial.number), _trial_state(trial), value, *params, run_dir])
     return rows
 
 
@@ -134,20 +160,27 @@ def write_search_report(
     ``command_of``: the command that runs a trial's overrides alone."""
     run_dirs = {num: Path(job["run_dir"]) for num, job in jobs.items() if job.get("run_dir")}
     best = write_best(study, sweep_dir, jobs, command_of)
-    weights, why_not = importances(study)
+    weights, basis = importances(study)
     figure = plot_trials(study, run_dirs)
-    rows = _rows(study, jobs)
+    rows = _rows(study, jobs, sweep_dir)
     storage_hint = f"optuna-dashboard sqlite:///{sweep_dir / 'optuna.db'}"
 
     md = [f"# Search {study.study_name}", "", f"Sweep directory: `{sweep_dir}`", ""]
     if best:
-        md += [f"Best: trial {best['trial']}, {best['direction']} value {best['value']:.6g}", "", "```", *best["overrides"], "```", ""]
+        md += [
+            f"Best: trial {best['trial']}, {best['direction']} value {VALUE.format(best['value'])}",
+            "",
+            "```",
+            *best["overrides"],
+            "```",
+            "",
+        ]
     else:
         md += ["No trial has completed yet.", ""]
     md += ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     md += ["| " + " | ".join(r) + " |" for r in rows[1:]]
     md += ["", "## Parameter importances", ""]
-    md += [f"- `{k}`: {v:.3f}" for k, v in weights.items()] or [why_not]
+    md += [basis, "", *(f"- `{k}`: {v:.2f}" for k, v in weights.items())]
     md += ["", f"Open the study in optuna-dashboard: `{storage_hint}`", ""]
     write_text_atomic(sweep_dir / SEARCH_MD, "\n".join(md))
 
@@ -162,16 +195,14 @@ def write_search_report(
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
     best_html = (
-        f'<section id="best"><h2>Best trial: {best["trial"]} (value {best["value"]:.6g})</h2>'
+        f'<section id="best"><h2>Best trial: {best["trial"]} (value {VALUE.format(best["value"])})</h2>'
         f"<pre>{html.escape(chr(10).join(best['overrides']))}</pre>"
         f"<p>Its config: <code>{html.escape(str(sweep_dir / BEST_FILE))}</code>; run it alone: <code>{html.escape(best['command'])}</code></p></section>"
         if best
         else '<section id="best"><h2>No trial has completed yet</h2></section>'
     )
-    importance_html = (
-        "<ul>" + "".join(f"<li><code>{html.escape(k)}</code>: {v:.3f}</li>" for k, v in weights.items()) + "</ul>"
-        if weights
-        else f"<p>{html.escape(why_not)}</p>"
+    importance_html = f"<p>{html.escape(basis)}</p>" + (
+        "<ul>" + "".join(f"<li><code>{html.escape(k)}</code>: {v:.2f}</li>" for k, v in weights.items()) + "</ul>" if weights else ""
     )
     page = (
         f"<!doctype html><html><head><meta charset='utf-8'><title>Search {html.escape(study.study_name)}</title>"

@@ -11,6 +11,10 @@ it names itself (hub: ``data.val_split``), else holds out ``data.val_fraction`` 
 which the training split then leaves out. The held-out documents are chosen deterministically
 (evenly spaced in a map-style dataset, by a hash of the text in a streamed one), so every run over
 the same data holds out the same ones.
+
+The training documents are read in an order shuffled by the run's seed (``training.seed``:
+``resolve_dataset``), so runs with different seeds see different data orders; the held-out split
+keeps its order, so they are evaluated on the same tokens.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from qwen3_trn.config.paths import builder_of, local_data_files
 from qwen3_trn.config.schema import DataConfig, Mode
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.titan import DATASETS, DatasetConfig
+
+# Documents a streamed dataset shuffles among (Hugging Face's shuffle buffer).
+STREAM_SHUFFLE_BUFFER = 1_000
 
 
 @dataclass(frozen=True)
@@ -172,8 +179,20 @@ def data_source(data: DataConfig) -> DataSource:
     return data.build()
 
 
-def resolve_dataset(data: DataConfig) -> ResolvedDataset:
-    return data_source(data).dataset()
+def _shuffled(loader: Callable, seed: int, path: str | None):
+    documents = loader(path)
+    if hasattr(documents, "__len__"):
+        return documents.shuffle(seed=seed, keep_in_memory=True)
+    return documents.shuffle(seed=seed, buffer_size=STREAM_SHUFFLE_BUFFER)
+
+
+def resolve_dataset(data: DataConfig, seed: int) -> ResolvedDataset:
+    """The training split, its documents in the order ``seed`` shuffles them into."""
+    resolved = data_source(data).dataset()
+    entry = DATASETS[resolved.name]
+    name = f"{resolved.name}_seed{seed}"
+    DATASETS[name] = DatasetConfig(path=entry.path, loader=partial(_shuffled, entry.loader, seed), sample_processor=entry.sample_processor)
+    return ResolvedDataset(name=name, path=resolved.path)
 
 
 def resolve_validation_dataset(data: DataConfig) -> ResolvedDataset:
