@@ -8,8 +8,6 @@ here imports torch, so the report and the sweep read runs without it.
 A run whose ranks run elsewhere (a Slurm job) has one launcher-neutral ``job`` section in its
 ``summary.json`` (and in its sweep job's records): the launcher's name, the job's ``id``,
 ``state``, ``label``, ``stdout``/``stderr``/``logs`` and whatever else that launcher records.
-Records of earlier versions, with a ``slurm`` section instead, are read in the new shape
-(``migrate_record``).
 """
 
 from __future__ import annotations
@@ -55,8 +53,6 @@ RUN_MARKERS = (CLAIM_FILE, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, "checkpoint"
 # --- sections of a run's records ---
 # The job a launcher started elsewhere: {"launcher": <name>, "id", "state", "label", "stdout", ...}
 JOB_SECTION = "job"
-# Where records of earlier versions kept a Slurm job (read as JOB_SECTION)
-LEGACY_SLURM_SECTION = "slurm"
 
 # --- files of a sweep directory and of its jobs ---
 SWEEP_FILE = "sweep.json"
@@ -326,28 +322,6 @@ def load_run_config(path: str | Path) -> RunConfig:
 # ------------------------------------------------------------------------------------------
 
 
-_migration_noted = False
-
-
-def migrate_record(record: dict[str, Any] | None, path: Path | None = None) -> dict[str, Any] | None:
-    """A run's or sweep job's record in the current shape: the ``slurm`` section of earlier
-    versions becomes the ``job`` section (``job_id`` -> ``id``, with the launcher's name and
-    label). Every reader of a record goes through here; the file is rewritten in the new shape
-    at its next update. One line on stderr the first time a process meets such a record."""
-    global _migration_noted
-    if not isinstance(record, dict) or LEGACY_SLURM_SECTION not in record:
-        return record
-    legacy = record.pop(LEGACY_SLURM_SECTION) or {}
-    if JOB_SECTION not in record and isinstance(legacy, dict):
-        job = {("id" if key == "job_id" else key): value for key, value in legacy.items()}
-        record[JOB_SECTION] = {"launcher": "slurm", "label": f"Slurm job {job.get('id')}", **job}
-    if not _migration_noted:
-        _migration_noted = True
-        where = f" ({path})" if path else ""
-        print(f"qwen3_trn: a record of an earlier version{where} has a 'slurm' section; read as the 'job' section", file=sys.stderr)
-    return record
-
-
 def job_section(record: dict[str, Any] | None) -> dict[str, Any]:
     """The record's launcher-neutral ``job`` section ({} for a run that started no job elsewhere)."""
     return (record or {}).get(JOB_SECTION) or {}
@@ -360,7 +334,7 @@ def job_label(job: dict[str, Any]) -> str:
 
 def read_summary(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / SUMMARY_FILE
-    return migrate_record(read_json(path), path) or {}
+    return read_json(path) or {}
 
 
 def update_summary(run_dir: Path, /, **fields: Any) -> dict[str, Any]:
@@ -369,7 +343,7 @@ def update_summary(run_dir: Path, /, **fields: Any) -> dict[str, Any]:
     path = Path(run_dir) / SUMMARY_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path):
-        summary = migrate_record(read_json(path), path) or {}
+        summary = read_json(path) or {}
         job = fields.pop(JOB_SECTION, None)
         summary.update({k: str(v) if isinstance(v, RunStatus) else v for k, v in fields.items()})
         if job is not None:
@@ -467,7 +441,7 @@ def read_job_record(path: Path) -> dict[str, Any] | None:
     path = Path(path)
     if path.is_dir():
         path = path / JOB_FILE
-    return migrate_record(read_json(path), path)
+    return read_json(path)
 
 
 def write_job_record(run_dir: Path, record: dict[str, Any]) -> None:
@@ -488,10 +462,7 @@ def job_records(sweep_dir: Path) -> dict[int, dict[str, Any]]:
 
 def read_manifest(sweep_dir: Path) -> dict[str, Any] | None:
     path = Path(sweep_dir) / MANIFEST_FILE
-    manifest = read_json(path)
-    for job in (manifest or {}).get("jobs") or []:
-        migrate_record(job, path)
-    return manifest
+    return read_json(path)
 
 
 def write_manifest_file(sweep_dir: Path, manifest: dict[str, Any]) -> None:

@@ -11,13 +11,9 @@ from omegaconf import OmegaConf
 from torchtitan.trainer import Trainer
 
 from qwen3_trn.app import to_run_config
-from qwen3_trn.config import typed
 from qwen3_trn.config.keys import leaves
 from qwen3_trn.config.schema import RunConfig
-from qwen3_trn.data.sources.hub import HubSource
-from qwen3_trn.groups import load_run_config
 from qwen3_trn.preflight import prepare
-from qwen3_trn.records import CONFIG_FILE
 from tests.conftest import CONF, compose_config
 
 # Options that need a value only the user can give.
@@ -101,22 +97,6 @@ def test_every_enum_value_of_a_group_has_an_option(group, key, tmp_path):
         composed[getattr(getattr(cfg, group), key)] = option
     missing = [str(value) for value in choices if value not in composed]
     assert not missing, f"{group}.{key} values without a conf/{group}/<option>.yaml: {missing}"
-
-
-def test_a_config_saved_with_data_source_loads_as_data_name(tmp_path, capsys, monkeypatch):
-    """A run directory's config.yaml of an earlier version chose its data with data.source (and a
-    hub dataset's subset with data.name): it is read in today's shape, with one line on stderr."""
-    monkeypatch.setattr(typed, "_migration_noted", False)
-    saved = OmegaConf.to_container(compose_config(["data=hub", "data.path=roneneldan/TinyStories"], tmp_path), resolve=True)
-    data = saved["data"]
-    data["source"], data["name"] = data.pop("name"), "wikitext-2-raw-v1"
-    del data["subset"]
-    (tmp_path / CONFIG_FILE).write_text(OmegaConf.to_yaml(saved))
-    for _ in range(2):
-        cfg = load_run_config(tmp_path)
-        assert type(cfg.data) is HubSource.Config and cfg.data.name == "hub" and cfg.data.subset == "wikitext-2-raw-v1"
-    notes = capsys.readouterr().err.strip().splitlines()
-    assert len(notes) == 1 and "data.source" in notes[0] and "data.name=hub" in notes[0], notes
 
 
 def _chosen_keys(group: str, option: str) -> set[str]:

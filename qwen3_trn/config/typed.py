@@ -4,15 +4,11 @@ Re-merging onto the schema refuses keys added with ``+`` that the schema lacks (
 ``+key=`` through a structured config), and a group with a schema per option is typed by the
 option its ``name`` names (``backend.name``, ``launcher.name``, ``data.name``; the group's
 registry: ``options.py``). Every numeric key is then checked against its range (``ranges``).
-
-A config saved by an earlier version, whose data source was chosen by ``data.source`` (and a hub
-dataset's subset by ``data.name``), is read in the current shape (``migrate_saved``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -24,27 +20,8 @@ from qwen3_trn.config.ranges import check_ranges as check_key_ranges
 from qwen3_trn.config.schema import RunConfig, option_groups
 from qwen3_trn.errors import ConfigError
 
-_migration_noted = False
-
-
-def migrate_saved(plain: dict[str, Any]) -> dict[str, Any]:
-    """``plain`` (changed in place) with an earlier version's ``data.source`` read as ``data.name``
-    (and that version's hub ``data.name`` as ``data.subset``); one line on stderr says so."""
-    global _migration_noted
-    data = plain.get("data")
-    if not isinstance(data, dict) or "source" not in data:
-        return plain
-    if "name" in data:
-        data["subset"] = data.pop("name")
-    data["name"] = data.pop("source")
-    if not _migration_noted:
-        _migration_noted = True
-        print(f"note: a config saved by an earlier version: its data.source is read as data.name={data['name']}.", file=sys.stderr)
-    return plain
-
 
 def run_config_from_container(plain: dict[str, Any], check_ranges: bool = True) -> RunConfig:
-    plain = migrate_saved(plain)
     base = OmegaConf.structured(RunConfig)
     for group, group_config in option_groups().items():
         node = plain.get(group) or {}

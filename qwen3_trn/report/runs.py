@@ -1,7 +1,7 @@
 """Finding runs (a sweep directory, run directories, or folders holding them) and loading each
 one from its own record: ``metrics.jsonl`` (per step) and ``summary.json`` (the run's facts),
 plus ``overrides.yaml`` / ``job.json`` for what was swept and how the job ended, each read
-through ``qwen3_trn.records`` (records of earlier versions in the current shape)."""
+through ``qwen3_trn.records``."""
 
 from __future__ import annotations
 
