@@ -59,41 +59,55 @@ class Mode:
 MATH_WHY = {
     "torchtitan": "torchtitan's Qwen3 modules",
     "transformers": "transformers' Qwen3 modeling: other modules, another reduction order",
-    "grouped_mm": "torchtitan's grouped-matmul experts in the compute dtype, where torchtitan casts them to bf16",
+    "grouped_mm": "torchtitan's grouped-matmul experts, in fp32 where torchtitan casts them to bf16",
     "padded_bmm": "experts as padded batched matmuls: another reduction order",
     "nki": "the NKI expert kernel",
 }
 # Math that is native's own in these compute dtypes: grouped_mm is torchtitan's GroupedExperts
 # math (kernels/moe.py), and torchtitan runs its experts in bf16 whatever the compute dtype.
-NATIVE_MATH_IN = {"torchtitan": ("bfloat16", "float32"), "grouped_mm": ("bfloat16",)}
+NATIVE_MATH_IN = {
+    "torchtitan": {"bfloat16": "the same modules", "float32": "the same modules"},
+    "grouped_mm": {"bfloat16": "torchtitan's grouped-matmul expert math in bf16, as native runs it"},
+}
 
 # The largest |loss difference| to native over 10 steps of model=tiny and model=tiny_moe
-# (debug=smoke, 2 x 64 tokens, seed 42, from the native init), measured on a 2-core CPU by
+# (debug=smoke, 2 x 64 tokens, seed 42) from the native init and from a checkpoint of 40 native
+# steps, measured on a 2-core CPU by
 #   python benchmarks/parity_tolerance.py
 # and, as the tolerance, twice that: a mode that computes the same model in another order stays
-# inside, a perturbed layer does not (tests/test_parity.py). Keyed by (math, compute dtype,
-# model kind). MoE differences grow fastest: a last-bit difference can flip a token's expert.
-MEASURED: dict[tuple[str, str, str], float] = {
-    ("transformers", "bfloat16", "dense"): 5.0e-03,
-    ("transformers", "float32", "dense"): 1.3e-05,
-    ("transformers", "bfloat16", "moe"): 1.0e-02,
-    ("transformers", "float32", "moe"): 2.3e-03,
-    ("grouped_mm", "float32", "moe"): 2.8e-02,
-    ("padded_bmm", "bfloat16", "moe"): 1.4e-02,
-    ("padded_bmm", "float32", "moe"): 2.8e-02,
+# inside, a perturbed layer does not (tests/test_parity.py). Keyed by (math, compute dtype, model
+# kind, start). bf16 from trained weights drifts furthest: a fresh AdamW's first full-size step
+# turns last-bit gradient differences into whole updates; in MoE models one can also flip a
+# token's expert.
+MEASURED: dict[tuple[str, str, str, str], float] = {
+    ("transformers", "bfloat16", "dense", "init"): 5.0e-03,
+    ("transformers", "float32", "dense", "init"): 1.3e-05,
+    ("transformers", "bfloat16", "moe", "init"): 1.0e-02,
+    ("transformers", "float32", "moe", "init"): 2.3e-03,
+    ("grouped_mm", "float32", "moe", "init"): 2.8e-02,
+    ("padded_bmm", "bfloat16", "moe", "init"): 1.4e-02,
+    ("padded_bmm", "float32", "moe", "init"): 2.8e-02,
+    ("transformers", "bfloat16", "dense", "checkpoint"): 2.5e-01,
+    ("transformers", "float32", "dense", "checkpoint"): 1.4e-06,
+    ("transformers", "bfloat16", "moe", "checkpoint"): 2.2e-01,
+    ("transformers", "float32", "moe", "checkpoint"): 1.6e-02,
+    ("grouped_mm", "float32", "moe", "checkpoint"): 8.1e-02,
+    ("padded_bmm", "bfloat16", "moe", "checkpoint"): 7.1e-02,
+    ("padded_bmm", "float32", "moe", "checkpoint"): 8.1e-02,
 }
 MARGIN = 2.0
 
 
-def tolerance_for(math_name: str, compute_dtype: str, kind: str) -> tuple[float, str]:
-    """The accepted |loss difference| to native for a mode's math on a dense or moe model, and why."""
+def tolerance_for(math_name: str, compute_dtype: str, kind: str, start: str) -> tuple[float, str]:
+    """The accepted |loss difference| to native for a mode's math on a dense or moe model, from
+    the native init or a given checkpoint, and why."""
+    if compute_dtype in NATIVE_MATH_IN.get(math_name, {}):
+        return 0.0, f"bitwise: {NATIVE_MATH_IN[math_name][compute_dtype]}"
     why = MATH_WHY.get(math_name, math_name)
-    if compute_dtype in NATIVE_MATH_IN.get(math_name, ()):
-        return 0.0, f"bitwise: native's own math in {compute_dtype} ({why})"
-    if (math_name, compute_dtype, kind) in MEASURED:
-        measured = MEASURED[(math_name, compute_dtype, kind)]
-        return MARGIN * measured, f"within tolerance: {why}; {measured:.1e} measured ({kind}, {compute_dtype}) x{MARGIN:g}"
-    largest = max(MARGIN * value for (_, dtype, _), value in MEASURED.items() if dtype == compute_dtype)
+    if (math_name, compute_dtype, kind, start) in MEASURED:
+        measured = MEASURED[(math_name, compute_dtype, kind, start)]
+        return MARGIN * measured, f"within tolerance: {why}; {measured:.1e} measured ({kind}, {compute_dtype}, from {start}) x{MARGIN:g}"
+    largest = max(MARGIN * value for (_, dtype, _, _), value in MEASURED.items() if dtype == compute_dtype)
     return largest, f"within tolerance: {why}; not measured, the largest measured in {compute_dtype} x{MARGIN:g}"
 
 
@@ -163,7 +177,7 @@ def render(parity: Parity) -> str:
     for step in steps:
         cells = [f"{parity.losses[name][step]:.6f}" if step in parity.losses.get(name, {}) else "-" for name in names]
         lines.append(f"{step:<6d}" + "".join(cell.ljust(width) for cell in cells))
-    lines += ["", "vs native".ljust(width) + "largest diff  at step  tolerance  verdict     expected"]
+    lines += ["", "vs native".ljust(width) + "largest diff  at step  tolerance  verdict          expected"]
     for pair in parity.pairs:
         if pair.error:
             verdict = f"failed: {pair.error}"
@@ -173,7 +187,7 @@ def render(parity: Parity) -> str:
             verdict = f"parts at step {pair.parts_at}"
         largest = "-" if pair.largest_diff is None else f"{pair.largest_diff:.2e}"
         at = "-" if pair.largest_at is None else str(pair.largest_at)
-        lines.append(f"{pair.mode.ljust(width)}{largest:<14s}{at:<9s}{pair.tolerance:<11.2e}{verdict:<12s}{pair.expected}")
+        lines.append(f"{pair.mode.ljust(width)}{largest:<14s}{at:<9s}{pair.tolerance:<11.2e}{verdict:<17s}{pair.expected}")
     lines.append("")
     if parity.agrees:
         lines.append(f"parity: every mode agrees with native ({PARITY_JSON} in {parity.out})")
@@ -300,6 +314,7 @@ def compare(
     out.mkdir(parents=True, exist_ok=True)
     group = f"parity-{out.parent.name}-{out.name}"
     weights = initial_weights(overrides, out)
+    start = "init" if weights.is_relative_to(out) else "checkpoint"
     common = [o for o in overrides if override_key(o) != "checkpoint.initial_load_path"]
     common += [f"checkpoint.initial_load_path={weights}", "checkpoint.initial_load_in_hf=true", f"logger.wandb.group={group}"]
     per_mode: dict[str, list[str]] = {}
@@ -326,7 +341,7 @@ def compare(
     run_dirs = {REFERENCE: str(reference_dir)}
     parity = Parity(str(out), str(weights), compute_dtype, [REFERENCE, *(m.name for m in chosen)], losses, run_dirs)
     for mode in chosen:
-        limit, why = tolerance_for(mode.math, compute_dtype, "moe" if moe else "dense")
+        limit, why = tolerance_for(mode.math, compute_dtype, "moe" if moe else "dense", start)
         pair = Pair(mode.name, why, limit if tolerance is None else tolerance)
         try:
             run_dir = run_mode(mode.name, [*common, *mode.overrides, *per_mode.get(mode.name, [])], out)
@@ -358,7 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--with", dest="extra", action="append", default=[], metavar="MODE:KEY=VALUE", help="an override for one mode only")
     parser.add_argument("--out", type=Path, default=None, help="the output folder (default: outputs/parity/<date>/<time>)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides before and after the options
     modes = [m.strip() for m in args.modes.split(",") if m.strip()] if args.modes else None
     try:
         parity = compare(args.overrides, args.out or default_out(), modes, args.extra, args.tolerance)
