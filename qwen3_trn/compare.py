@@ -111,9 +111,12 @@ def tolerance_for(math_name: str, compute_dtype: str, kind: str, start: str) -> 
     return largest, f"within tolerance: {why}; not measured, the largest measured in {compute_dtype} x{MARGIN:g}"
 
 
+NATIVE = Mode(REFERENCE, ("backend=native",), "torchtitan")
+
+
 def modes_for(moe: bool, device: str) -> list[Mode]:
     """Every mode that builds this model on this device, native first."""
-    modes = [Mode(REFERENCE, ("backend=native",), "torchtitan"), Mode("hf_v5", ("backend=hf_v5",), "transformers")]
+    modes = [NATIVE, Mode("hf_v5", ("backend=hf_v5",), "transformers")]
     if moe:
         for kernel in DEVICE_KERNELS.get(device, ()):
             overrides = ("backend=nki_moe", f"backend.kernels={kernel}")
@@ -180,7 +183,7 @@ def render(parity: Parity) -> str:
     lines += ["", "vs native".ljust(width) + "largest diff  at step  tolerance  verdict          expected"]
     for pair in parity.pairs:
         if pair.error:
-            verdict = f"failed: {pair.error}"
+            verdict = "run failed"
         elif pair.agrees:
             verdict = "agrees"
         else:
@@ -188,6 +191,7 @@ def render(parity: Parity) -> str:
         largest = "-" if pair.largest_diff is None else f"{pair.largest_diff:.2e}"
         at = "-" if pair.largest_at is None else str(pair.largest_at)
         lines.append(f"{pair.mode.ljust(width)}{largest:<14s}{at:<9s}{pair.tolerance:<11.2e}{verdict:<17s}{pair.expected}")
+    lines += [f"{pair.mode}: {pair.error}" for pair in parity.pairs if pair.error]
     lines.append("")
     if parity.agrees:
         lines.append(f"parity: every mode agrees with native ({PARITY_JSON} in {parity.out})")
@@ -324,8 +328,7 @@ def compare(
 
     hf_config = json.loads((weights / "config.json").read_text())
     moe = bool(hf_config.get("num_experts") or hf_config.get("num_local_experts"))
-    reference = Mode(REFERENCE, ("backend=native",), "torchtitan")
-    reference_dir = run_mode(REFERENCE, [*common, *reference.overrides, *per_mode.get(REFERENCE, [])], out)
+    reference_dir = run_mode(REFERENCE, [*common, *NATIVE.overrides, *per_mode.get(REFERENCE, [])], out)
     summary = read_summary(reference_dir)
     chosen = [
         m

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from qwen3_trn.compare import PARITY_JSON, PARITY_MD, main
+from qwen3_trn.compare import PARITY_JSON, PARITY_MD, Pair, compare_losses, main
 from tests.conftest import REPO, cli_env, offline_wandb_files, read_offline_wandb_run
 
 SMOKE = ["debug=smoke", "validation=off"]
@@ -147,3 +147,11 @@ def test_a_config_the_runs_refuse_exits_2(tmp_path):
     done = parity_command(["training.steps=0"], tmp_path / "out")
     assert done.returncode == 2
     assert "training.steps" in done.stderr
+
+
+def test_a_mode_that_logged_other_steps_or_nan_does_not_agree():
+    reference = {1: 7.0, 2: 6.9, 3: 6.8}
+    short = compare_losses(reference, {1: 7.0, 2: 6.9}, Pair("hf_v5", "within tolerance", 1.0))
+    assert not short.agrees and "logged steps [1, 2]" in short.error
+    nan = compare_losses(reference, {1: 7.0, 2: float("nan"), 3: 6.8}, Pair("hf_v5", "within tolerance", 1.0))
+    assert not nan.agrees and nan.parts_at == 2
