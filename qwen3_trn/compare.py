@@ -30,11 +30,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from qwen3_trn.config.overrides import override_key
-from qwen3_trn.errors import ConfigError
-from qwen3_trn.kernels.registry import DEVICE_KERNELS
-from qwen3_trn.records import LOGS_DIR, read_metrics, read_summary, write_json_atomic, write_text_atomic
-from qwen3_trn.tracking import wandb_api_key
+from qwen3_trn.exits import imports_of_entry_point
+
+# A torchtitan that lacks what the package uses: exit 2 as the command (qwen3_trn.exits).
+with imports_of_entry_point(__name__):
+    from qwen3_trn.config.overrides import override_key
+    from qwen3_trn.errors import ConfigError
+    from qwen3_trn.kernels.registry import DEVICE_KERNELS
+    from qwen3_trn.records import LOGS_DIR, read_metrics, read_summary, write_json_atomic, write_text_atomic
+    from qwen3_trn.titan import TRANSFORMERS_BACKEND
+    from qwen3_trn.tracking import wandb_api_key
 
 EXIT_AGREE, EXIT_DIFFER, EXIT_BAD_COMMAND = 0, 1, 2
 REFERENCE = "native"
@@ -115,8 +120,10 @@ NATIVE = Mode(REFERENCE, ("backend=native",), "torchtitan")
 
 
 def modes_for(moe: bool, device: str) -> list[Mode]:
-    """Every mode that builds this model on this device, native first."""
-    modes = [NATIVE, Mode("hf_v5", ("backend=hf_v5",), "transformers")]
+    """Every mode that builds this model on this device and torchtitan, native first."""
+    modes = [NATIVE]
+    if TRANSFORMERS_BACKEND.available:  # off on torchtitan main before 0.3 (qwen3_trn.titan)
+        modes.append(Mode("hf_v5", ("backend=hf_v5",), "transformers"))
     if moe:
         for kernel in DEVICE_KERNELS.get(device, ()):
             overrides = ("backend=nki_moe", f"backend.kernels={kernel}")
@@ -338,7 +345,11 @@ def compare(
     unmatched = [name for name in modes or [] if not any(name in (m.name, m.name.split("/")[0]) for m in chosen)]
     if unmatched:
         available = ", ".join(m.name for m in modes_for(moe, summary.get("device", "cpu")))
-        raise ConfigError("--modes", f"{', '.join(unmatched)} cannot build this model here; choose from {available}.")
+        off = "" if TRANSFORMERS_BACKEND.available else f" ({TRANSFORMERS_BACKEND.describe()})"
+        raise ConfigError("--modes", f"{', '.join(unmatched)} cannot build this model here; choose from {available}{off}.")
+    if not chosen:
+        off = "" if TRANSFORMERS_BACKEND.available else f": {TRANSFORMERS_BACKEND.describe()}"
+        raise ConfigError("--modes", f"no mode besides native builds this model here, so there is nothing to compare{off}")
     compute_dtype = str(summary.get("compute_dtype", "float32"))
     losses = {REFERENCE: {int(r["step"]): float(r["loss"]) for r in read_metrics(reference_dir) if "loss" in r}}
     run_dirs = {REFERENCE: str(reference_dir)}
