@@ -2,7 +2,8 @@
 
 Every file name, every writer (atomic: written to a temporary file, then renamed over the
 target), every reader of a record, the status a run or sweep job can have, the environment
-variables the project passes between its processes, and loading a run's saved config. Nothing
+variables the project passes between its processes, and loading a run's saved config; a run
+recorded running whose process is gone is settled here as died (``settle_died``). Nothing
 here imports torch, so the report and the sweep read runs without it.
 
 A run whose ranks run elsewhere (a Slurm job) has one launcher-neutral ``job`` section in its
@@ -33,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.config.typed import run_config_from_container
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.processes import PROCESS_SECTION, is_gone
 from qwen3_trn.redact import redact_dump, redact_overrides, redact_tree, scrub
 
 # --- files of a run directory ---
@@ -94,6 +96,9 @@ class RunStatus(str, Enum):
     skipped = "skipped"
     # a trial of a search (hydra/sweeper=qwen3_trn_search) stopped early by its pruner
     pruned = "pruned"
+    # recorded running, but the process that would record its end is verifiably gone (SIGKILL,
+    # the OOM killer, a reboot): settled by whoever reads it (``settle_died``)
+    died = "died"
 
     def __str__(self) -> str:
         return self.value
@@ -103,7 +108,9 @@ class RunStatus(str, Enum):
         return self in ENDED_STATUSES
 
 
-ENDED_STATUSES = frozenset({RunStatus.completed, RunStatus.failed, RunStatus.interrupted, RunStatus.cancelled, RunStatus.pruned})
+ENDED_STATUSES = frozenset(
+    {RunStatus.completed, RunStatus.failed, RunStatus.interrupted, RunStatus.cancelled, RunStatus.pruned, RunStatus.died}
+)
 IN_FLIGHT_STATUSES = frozenset({RunStatus.submitted, RunStatus.pending, RunStatus.running})
 
 
@@ -378,6 +385,41 @@ def update_summary(run_dir: Path, /, **fields: Any) -> dict[str, Any]:
             nested = {k: {**previous[k], **v} for k, v in job.items() if isinstance(v, dict) and isinstance(previous.get(k), dict)}
             summary[JOB_SECTION] = {**previous, **job, **nested}
         write_json_atomic(path, summary)
+    return summary
+
+
+def died_fields(record: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
+    """What a record still ``running`` becomes once its process (``PROCESS_SECTION``) is
+    verifiably gone: ``died``, with the figures and last step of its metrics. None while the
+    process may live (or runs on another host, where it cannot be checked)."""
+    process = record.get(PROCESS_SECTION) or {}
+    if record.get("status") != RunStatus.running or not is_gone(process):
+        return None
+    figures = summarize(read_metrics(run_dir))
+    last = figures.get("last_step")
+    return {
+        **figures,
+        "status": str(RunStatus.died),
+        "last_step": last,
+        "error": f"process {process.get('pid')} on {process.get('host')} ended without recording an end "
+        f"(killed: SIGKILL, the OOM killer, a reboot); last step {last if last is not None else '-'}",
+        "settled": time.time(),
+    }
+
+
+def settle_died(run_dir: Path) -> dict[str, Any]:
+    """The run's summary, ended as ``died`` when it says running and its process is gone
+    (``died_fields``); read, decided and rewritten under the summary's lock, so no update of a
+    live run is lost. Returns the summary as it now is."""
+    path = Path(run_dir) / SUMMARY_FILE
+    if not path.is_file():
+        return {}
+    with _locked(path):
+        summary = migrate_record(read_json(path), path) or {}
+        fields = died_fields(summary, run_dir)
+        if fields:
+            summary.update(fields)
+            write_json_atomic(path, summary)
     return summary
 
 
