@@ -395,16 +395,21 @@ def died_fields(record: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
     process = record.get(PROCESS_SECTION) or {}
     if record.get("status") != RunStatus.running or not is_gone(process):
         return None
-    figures = summarize(read_metrics(run_dir))
-    last = figures.get("last_step")
+    figures = died_figures(run_dir)
     return {
         **figures,
         "status": str(RunStatus.died),
-        "last_step": last,
         "error": f"process {process.get('pid')} on {process.get('host')} ended without recording an end "
-        f"(killed: SIGKILL, the OOM killer, a reboot); last step {last if last is not None else '-'}",
+        f"(killed: SIGKILL, the OOM killer, a reboot); last step {figures['last_step'] or '-'}",
         "settled": time.time(),
     }
+
+
+def died_figures(run_dir: Path) -> dict[str, Any]:
+    """What a died run's records keep of it: the figures of its metrics and its last step (None
+    before the first)."""
+    figures = summarize(read_metrics(run_dir))
+    return {**figures, "last_step": figures.get("last_step")}
 
 
 def settle_died(run_dir: Path) -> dict[str, Any]:

@@ -330,7 +330,7 @@ def write_manifest(sweep_dir: Path, jobs: list[dict[str, Any]], extra: dict[str,
         "finished": time.time(),
         "counts": {**counts, "total": len(jobs)},
         "jobs": jobs,
-        "rerun_failed": [j["rerun"] for j in jobs if j.get("status") == RunStatus.failed and j.get("rerun")],
+        "rerun_failed": [j["rerun"] for j in jobs if j.get("status") in (RunStatus.failed, RunStatus.died) and j.get("rerun")],
         **(extra or {}),
     }
     if (sweep_dir / SEARCH_HTML).is_file():  # a search (qwen3_trn.search): its report and best trial
@@ -387,6 +387,7 @@ def _merge_into_record(record: dict[str, Any], summary: dict[str, Any]) -> None:
     if status == RunStatus.died:
         record["error"] = summary.get("error")
         record["last_step"] = summary.get("last_step")
+        record["rerun"] = rerun_command(record.get("overrides", []))
     elif status == RunStatus.failed:
         record["error"] = summary.get("error") or f"{job_label(job)} {job.get('state')}"
     else:
@@ -436,7 +437,7 @@ def settle_jobs(jobs: list[dict[str, Any]], wait: bool = False) -> list[dict[str
         if summary is not None:
             _merge_into_record(job, summary)
         elif died := died_fields(job, Path(job["run_dir"])):  # killed before its run wrote a summary
-            job.update(died)
+            job.update(died, rerun=rerun_command(job.get("overrides", [])))
             write_job_record(Path(job["run_dir"]), job)
     return jobs
 
@@ -604,10 +605,10 @@ class SweepCallback(Callback):
                 manifest = write_manifest(sweep_dir, jobs, {"complete": True, "report_error": f"{type(exc).__name__}: {exc}"})
                 print(f"[sweep] the comparison report could not be built: {type(exc).__name__}: {exc}", file=sys.stderr)
         print(format_summary(manifest), flush=True)
-        if manifest["counts"]["failed"] or manifest["counts"].get("cancelled"):
+        if manifest["counts"]["failed"] or manifest["counts"].get("cancelled") or manifest["counts"].get("died"):
             print(
                 f"[sweep] {manifest['counts']['failed']} of {manifest['counts']['total']} jobs failed"
-                + (f", {manifest['counts']['cancelled']} cancelled" if manifest["counts"].get("cancelled") else ""),
+                + "".join(f", {manifest['counts'][s]} {s}" for s in ("cancelled", "died") if manifest["counts"].get(s)),
                 file=sys.stderr,
                 flush=True,
             )

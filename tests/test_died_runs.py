@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from qwen3_trn.launch.slurm.state import status_of
 from qwen3_trn.processes import is_gone, this_process, where
 from tests.conftest import REPO, cli_env, read_summary
 from tests.test_reliability import session_processes, steps_logged, wait_for
@@ -115,3 +116,13 @@ def test_a_run_of_another_host_stays_running_unchecked(tmp_path):
     [row] = json.loads(shown.stdout)
     assert (row["status"], row["state"]) == ("running", f"on host {process['host']} (cannot check from here)")
     assert read_summary(tmp_path)["status"] == "running"
+
+
+@pytest.mark.parametrize(
+    "state, status",
+    [("NODE_FAIL", "died"), ("OUT_OF_MEMORY", "died"), ("FAILED", "failed"), ("CANCELLED by 1000", "cancelled"), ("RUNNING", "running")],
+)
+def test_slurm_states_of_a_job_killed_hard_read_as_died(state, status):
+    """A lost node and the OOM killer end a job without a chance to record its end: died; a
+    job whose ranks exited with an error: failed (sacct's words, as ``job_state`` reads them)."""
+    assert status_of(state) == status
