@@ -25,7 +25,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 from qwen3_trn.config.composition import refuse_shadowed_config_files  # noqa: E402
 from qwen3_trn.config.store import register_schema  # noqa: E402
-from qwen3_trn.early import answer_early  # noqa: E402
+from qwen3_trn.early import answer_early, no_run_dir_left  # noqa: E402
 from qwen3_trn.exits import exit_status  # noqa: E402
 from qwen3_trn.records import TRACEBACK_ENV  # noqa: E402
 
@@ -44,7 +44,8 @@ def hydra_main(cfg: DictConfig) -> None:
     # they load only for a config that passed and a command that runs it. A ConfigError raised on
     # import (qwen3_trn.titan) exits 2 (main).
     answer_early(cfg)
-    from qwen3_trn.app import run
+    with exit_status(), no_run_dir_left():
+        from qwen3_trn.app import run
 
     run(cfg)
 

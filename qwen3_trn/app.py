@@ -37,6 +37,7 @@ from qwen3_trn.fit import tracked_section
 from qwen3_trn.launch import build_launcher
 from qwen3_trn.plan import config_differences, plan_record, render_plan
 from qwen3_trn.preflight import prepare
+from qwen3_trn.processes import this_process
 from qwen3_trn.records import (
     CONFIG_FILE,
     ERROR_LOG,
@@ -166,7 +167,8 @@ def execute(cfg_node: DictConfig) -> dict | None:
     tracking = plan_tracking(cfg, run_dir, _overrides(), sweep, info)
     write_tracking(run_dir, tracking)
     resumed = {"resumed_from": str(resume.path), "skipped_checkpoints": [f"{p}: {why}" for p, why in resume.skipped]} if resume else {}
-    update_summary(run_dir, **info, **summary_fields(tracking), **resumed, status=RunStatus.running)
+    # the process that records the run's end: ``status`` settles the run as died once it is gone
+    update_summary(run_dir, **info, **summary_fields(tracking), **resumed, status=RunStatus.running, process=this_process())
     if sweep is not None:  # jobs of a sweep run one after another in this process
         os.environ[LAUNCH_TIME_ENV] = str(time.time())
     else:

@@ -121,7 +121,8 @@ class SweepCallback(Callback):
             with exit_status():
                 raise grouped(problems)
         module, _, name = self.implementation.partition(":")
-        self.sweep = getattr(importlib.import_module(module), name)(**self.settings)
+        with exit_status():  # a ConfigError on import (qwen3_trn.titan) is bad input, as above
+            self.sweep = getattr(importlib.import_module(module), name)(**self.settings)
         self.sweep.on_multirun_start(config, **kwargs)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:

@@ -2,7 +2,8 @@
 
 Every file name, every writer (atomic: written to a temporary file, then renamed over the
 target), every reader of a record, the status a run or sweep job can have, the environment
-variables the project passes between its processes, and loading a run's saved config. Nothing
+variables the project passes between its processes, and loading a run's saved config; a run
+recorded running whose process is gone is settled here as died (``settle_died``). Nothing
 here imports torch, so the report and the sweep read runs without it.
 
 A run whose ranks run elsewhere (a Slurm job) has one launcher-neutral ``job`` section in its
@@ -31,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.config.typed import run_config_from_container
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.processes import PROCESS_SECTION, is_gone
 from qwen3_trn.redact import redact_dump, redact_overrides, redact_tree, scrub
 
 # --- files of a run directory ---
@@ -90,6 +92,9 @@ class RunStatus(str, Enum):
     skipped = "skipped"
     # a trial of a search (hydra/sweeper=qwen3_trn_search) stopped early by its pruner
     pruned = "pruned"
+    # recorded running, but the process that would record its end is verifiably gone (SIGKILL,
+    # the OOM killer, a reboot): settled by whoever reads it (``settle_died``)
+    died = "died"
 
     def __str__(self) -> str:
         return self.value
@@ -99,7 +104,9 @@ class RunStatus(str, Enum):
         return self in ENDED_STATUSES
 
 
-ENDED_STATUSES = frozenset({RunStatus.completed, RunStatus.failed, RunStatus.interrupted, RunStatus.cancelled, RunStatus.pruned})
+ENDED_STATUSES = frozenset(
+    {RunStatus.completed, RunStatus.failed, RunStatus.interrupted, RunStatus.cancelled, RunStatus.pruned, RunStatus.died}
+)
 IN_FLIGHT_STATUSES = frozenset({RunStatus.submitted, RunStatus.pending, RunStatus.running})
 
 
@@ -352,6 +359,46 @@ def update_summary(run_dir: Path, /, **fields: Any) -> dict[str, Any]:
             nested = {k: {**previous[k], **v} for k, v in job.items() if isinstance(v, dict) and isinstance(previous.get(k), dict)}
             summary[JOB_SECTION] = {**previous, **job, **nested}
         write_json_atomic(path, summary)
+    return summary
+
+
+def died_fields(record: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
+    """What a record still ``running`` becomes once its process (``PROCESS_SECTION``) is
+    verifiably gone: ``died``, with the figures and last step of its metrics. None while the
+    process may live (or runs on another host, where it cannot be checked)."""
+    process = record.get(PROCESS_SECTION) or {}
+    if record.get("status") != RunStatus.running or not is_gone(process):
+        return None
+    figures = died_figures(run_dir)
+    return {
+        **figures,
+        "status": str(RunStatus.died),
+        "error": f"process {process.get('pid')} on {process.get('host')} ended without recording an end "
+        f"(killed: SIGKILL, the OOM killer, a reboot); last step {figures['last_step'] or '-'}",
+        "settled": time.time(),
+    }
+
+
+def died_figures(run_dir: Path) -> dict[str, Any]:
+    """What a died run's records keep of it: the figures of its metrics and its last step (None
+    before the first)."""
+    figures = summarize(read_metrics(run_dir))
+    return {**figures, "last_step": figures.get("last_step")}
+
+
+def settle_died(run_dir: Path) -> dict[str, Any]:
+    """The run's summary, ended as ``died`` when it says running and its process is gone
+    (``died_fields``); read, decided and rewritten under the summary's lock, so no update of a
+    live run is lost. Returns the summary as it now is."""
+    path = Path(run_dir) / SUMMARY_FILE
+    if not path.is_file():
+        return {}
+    with _locked(path):
+        summary = read_json(path) or {}
+        fields = died_fields(summary, run_dir)
+        if fields:
+            summary.update(fields)
+            write_json_atomic(path, summary)
     return summary
 
 

@@ -20,7 +20,7 @@ validation loss (``val_loss`` of the run's summary; ``direction: maximize`` is a
 - **Storage and resume.** The study lives in ``<sweep dir>/optuna.db`` (SQLite; or
   ``hydra.sweeper.storage``). Rerunning the command with ``hydra.sweep.dir=<that dir>`` loads
   it: trials that were running when the earlier invocation stopped are settled from their job
-  records, and only the trials still missing up to ``n_trials`` run (every trial counts,
+  records (one whose process was killed hard reads as died: told failed), and only the trials still missing up to ``n_trials`` run (every trial counts,
   failed ones included). With ``launcher=slurm`` a trial whose job is still queued or running
   stays running in the study and is settled by the next invocation.
 - **Reports.** ``<sweep dir>/search.html`` / ``search.md`` and ``best.yaml``

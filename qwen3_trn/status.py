@@ -1,7 +1,10 @@
 """``python -m qwen3_trn.status <run or sweep dir>... [--wait] [--json]``: the current state of
-runs whose ranks run elsewhere (a launcher's job, e.g. Slurm's), read from their launcher into
-``summary.json``, the sweep jobs' ``job.json`` and the sweep manifest (whose report is built
-once all ended). Rows come from the records' launcher-neutral ``job`` section."""
+runs and sweeps. Runs whose ranks run elsewhere (a launcher's job, e.g. Slurm's) are read from
+their launcher; a local run still recorded running whose launching process is gone is settled
+as died (``records.settle_died``); one recorded on another host is shown as such, unchecked.
+The states go into ``summary.json``, the sweep jobs' ``job.json`` and the sweep manifest (whose
+report is built once all ended). Rows come from the records' launcher-neutral ``job`` and
+``process`` sections."""
 
 from __future__ import annotations
 
@@ -14,19 +17,23 @@ from qwen3_trn.exits import imports_of_entry_point
 
 # A torchtitan that lacks what the package uses: exit 2 as the command (qwen3_trn.exits).
 with imports_of_entry_point(__name__):
-    from qwen3_trn.records import RunStatus, is_sweep_dir, job_section, run_dirs_under
+    from qwen3_trn.processes import PROCESS_SECTION, where
+    from qwen3_trn.records import RunStatus, is_sweep_dir, job_section, read_summary, run_dirs_under
     from qwen3_trn.sweep import refresh_runs, refresh_sweep
 
 
 def _row(record: dict, num=None) -> dict:
     job = job_section(record)
     status = record.get("status")
+    summary = read_summary(record["run_dir"]) if num is not None and record.get("run_dir") else record
+    process = record.get(PROCESS_SECTION) or summary.get(PROCESS_SECTION) or {}
     return {
         "run_dir": record.get("run_dir"),
         "status": status,
         "launcher": job.get("launcher"),
         "job_id": job.get("id"),
-        "state": job.get("state"),
+        "state": job.get("state") or (where(process) if status == RunStatus.running else None),
+        "last_step": record.get("last_step", summary.get("last_step")),
         "log": record.get("log") or (job.get("stderr") if status == RunStatus.failed else job.get("stdout")),
         "num": num,
     }
@@ -53,10 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for row in rows:
             num = f"#{row['num']} " if row.get("num") is not None else ""
+            step = f"last step {row['last_step']}" if row["last_step"] is not None else ""
             print(
-                f"{num}{row['status'] or '?':<10} job {row['job_id'] or '-':<8} {row['state'] or '':<11} {row['run_dir']}  log: {row['log']}"
+                f"{num}{row['status'] or '?':<10} job {row['job_id'] or '-':<8} {row['state'] or '':<11} {step:<15} {row['run_dir']}"
+                + (f"  log: {row['log']}" if row["log"] else "")
             )
-    return 1 if any(r["status"] in (RunStatus.failed, RunStatus.cancelled) for r in rows) else 0
+    return 1 if any(r["status"] in (RunStatus.failed, RunStatus.cancelled, RunStatus.died) for r in rows) else 0
 
 
 if __name__ == "__main__":

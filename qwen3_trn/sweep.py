@@ -43,14 +43,17 @@ with imports_of_entry_point(__name__):
     from qwen3_trn.early import in_multirun
     from qwen3_trn.errors import ConfigError, NotApplicable, describe_error
     from qwen3_trn.launch import launcher_named, launcher_of
+    from qwen3_trn.processes import PROCESS_SECTION, this_process
     from qwen3_trn.records import (
         ERROR_LOG,
         IN_FLIGHT_STATUSES,
+        JOB_FILE,
         JOB_SECTION,
         LOGS_DIR,
         MANIFEST_FILE,
         SUMMARY_FILE,
         RunStatus,
+        died_fields,
         holds_run,
         job_label,
         job_records,
@@ -79,6 +82,7 @@ COUNTED_STATUSES = (RunStatus.completed, RunStatus.failed, RunStatus.skipped)
 OTHER_STATUSES = (
     RunStatus.cancelled,
     RunStatus.interrupted,
+    RunStatus.died,
     RunStatus.submitted,
     RunStatus.pending,
     RunStatus.running,
@@ -166,6 +170,8 @@ def run_sweep_job(execute: Callable[[Any], dict | None], cfg_node: Any) -> dict[
         "started": time.time(),
     }
     summary = None
+    if not foreign:  # until it ends: a job whose process is killed hard reads as died (``settle_jobs``)
+        write_job_record(job_dir, {**record, PROCESS_SECTION: this_process()})
     try:
         summary = execute(cfg_node)
         # a job that runs elsewhere (its launcher's job section) and mode=plan
@@ -287,6 +293,8 @@ def _job_line(job: dict[str, Any]) -> str:
         return f"{head}: {job.get('reason')}  ({job.get('run_dir')})"
     if status == RunStatus.failed:
         return f"{head}: {job.get('error')}  (log: {job.get('log') or job.get('run_dir')})"
+    if status == RunStatus.died:
+        return f"{head}: {job.get('error')}  ({job.get('run_dir')})"
     if status == RunStatus.planned and job.get("plan"):
         plan = job["plan"]
         return f"{head}: world {plan.get('world_size')} on {plan.get('where')}  (plan: {plan.get('plan_file')})"
@@ -322,7 +330,7 @@ def write_manifest(sweep_dir: Path, jobs: list[dict[str, Any]], extra: dict[str,
         "finished": time.time(),
         "counts": {**counts, "total": len(jobs)},
         "jobs": jobs,
-        "rerun_failed": [j["rerun"] for j in jobs if j.get("status") == RunStatus.failed and j.get("rerun")],
+        "rerun_failed": [j["rerun"] for j in jobs if j.get("status") in (RunStatus.failed, RunStatus.died) and j.get("rerun")],
         **(extra or {}),
     }
     if (sweep_dir / SEARCH_HTML).is_file():  # a search (qwen3_trn.search): its report and best trial
@@ -366,7 +374,8 @@ def format_summary(manifest: dict[str, Any]) -> str:
 
 def _merge_into_record(record: dict[str, Any], summary: dict[str, Any]) -> None:
     job = job_section(summary)
-    record[JOB_SECTION] = job
+    if job:
+        record[JOB_SECTION] = job
     status = summary.get("status") or record.get("status")
     if status == RunStatus.pruned:
         record["reason"] = _pruned_reason(summary)
@@ -375,7 +384,11 @@ def _merge_into_record(record: dict[str, Any], summary: dict[str, Any]) -> None:
     final = _final_figures(summary)
     if final:
         record["final"] = final
-    if status == RunStatus.failed:
+    if status == RunStatus.died:
+        record["error"] = summary.get("error")
+        record["last_step"] = summary.get("last_step")
+        record["rerun"] = rerun_command(record.get("overrides", []))
+    elif status == RunStatus.failed:
         record["error"] = summary.get("error") or f"{job_label(job)} {job.get('state')}"
     else:
         record.pop("error", None)
@@ -386,7 +399,7 @@ def _merge_into_record(record: dict[str, Any], summary: dict[str, Any]) -> None:
 def _sync_job_record(run_dir: Path, summary: dict[str, Any]) -> None:
     """A sweep job's job.json, brought in line with its run's summary."""
     record = read_job_record(run_dir)
-    if record is None:
+    if record is None or (not job_section(summary) and record.get("status") == summary.get("status")):
         return
     _merge_into_record(record, summary)
     if record["status"] == RunStatus.failed:
@@ -423,6 +436,9 @@ def settle_jobs(jobs: list[dict[str, Any]], wait: bool = False) -> list[dict[str
         summary = summaries.get(str(Path(job["run_dir"])))
         if summary is not None:
             _merge_into_record(job, summary)
+        elif died := died_fields(job, Path(job["run_dir"])):  # killed before its run wrote a summary
+            job.update(died, rerun=rerun_command(job.get("overrides", [])))
+            write_job_record(Path(job["run_dir"]), job)
     return jobs
 
 
@@ -550,11 +566,12 @@ class SweepCallback(Callback):
             return
         num = int(config.hydra.job.num)
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
-        if any(job.get("num") == num and job.get("status") != RunStatus.running for job in collect_jobs(sweep_dir)):
+        recorded = [job for job in collect_jobs(sweep_dir) if job.get("num") == num]
+        if any(job.get("status") != RunStatus.running for job in recorded):
             return
         error = job_return._return_value
         write_json_atomic(
-            _foreign_record_path(sweep_dir, num),
+            Path(recorded[0]["run_dir"]) / JOB_FILE if recorded else _foreign_record_path(sweep_dir, num),
             {
                 "num": num,
                 "name": ",".join(redact_overrides(str(config.hydra.job.override_dirname or "").split(","))),
@@ -588,10 +605,10 @@ class SweepCallback(Callback):
                 manifest = write_manifest(sweep_dir, jobs, {"complete": True, "report_error": f"{type(exc).__name__}: {exc}"})
                 print(f"[sweep] the comparison report could not be built: {type(exc).__name__}: {exc}", file=sys.stderr)
         print(format_summary(manifest), flush=True)
-        if manifest["counts"]["failed"] or manifest["counts"].get("cancelled"):
+        if manifest["counts"]["failed"] or manifest["counts"].get("cancelled") or manifest["counts"].get("died"):
             print(
                 f"[sweep] {manifest['counts']['failed']} of {manifest['counts']['total']} jobs failed"
-                + (f", {manifest['counts']['cancelled']} cancelled" if manifest["counts"].get("cancelled") else ""),
+                + "".join(f", {manifest['counts'][s]} {s}" for s in ("cancelled", "died") if manifest["counts"].get(s)),
                 file=sys.stderr,
                 flush=True,
             )

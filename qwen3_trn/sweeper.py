@@ -15,9 +15,9 @@ any starts and a sweep directory that resumes.
   fits, FLOPs per step) is printed and written to ``<sweep dir>/plan.txt``; no job runs.
 - **Resume.** Rerunning a sweep into its directory (``hydra.sweep.dir=<existing>``) runs only
   the jobs that did not complete. A job is known by its overrides. A completed (or skipped) job
-  is kept; one still queued or running on a cluster is left to run; a failed or interrupted one
-  runs again, its earlier directory moved to ``<sweep dir>/previous-attempts/`` (nothing is
-  overwritten) and, where that attempt saved a checkpoint, resumed from it.
+  is kept; one still queued or running on a cluster is left to run; a failed, interrupted or
+  died one (its process gone: ``records.settle_died``) runs again, its earlier directory
+  moved to ``<sweep dir>/previous-attempts/`` (nothing is overwritten) and, where that attempt saved a checkpoint, resumed from it.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ rank, PyTorch's elastic launcher otherwise)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from qwen3_trn.config.option_schemas import LocalLauncherConfig
 from qwen3_trn.config.schema import Mode, RunConfig
@@ -13,7 +14,7 @@ from qwen3_trn.launch.base import LaunchDescription, Launcher
 from qwen3_trn.launch.node import start_node_ranks, torchrun_command
 from qwen3_trn.layout import Layout
 from qwen3_trn.preflight import Prepared
-from qwen3_trn.records import CONFIG_FILE, RunStatus
+from qwen3_trn.records import CONFIG_FILE, RunStatus, settle_died
 from qwen3_trn.titan import Trainer
 from qwen3_trn.worker import WorkerJob
 
@@ -44,6 +45,18 @@ class LocalLauncher(Launcher):
         job = WorkerJob(cfg=prepared.cfg, device_type=prepared.device.type, layout=prepared.layout, backend=prepared.backend)
         start_node_ranks(job, trainer_config, self.config.rdzv_backend, self.config.devices_per_job)
         return RunStatus.completed
+
+    @classmethod
+    def refresh(cls, run_dirs: list[Path], wait: bool = False) -> list[dict[str, Any]]:
+        """The runs' summaries; one still recorded running whose launching process is gone
+        (killed hard: its ranks die with it, ``worker.die_with_launcher``) settled as died.
+        Nothing to wait for: a run started here ends with the command that started it."""
+        out = []
+        for run_dir in map(Path, run_dirs):
+            summary = settle_died(run_dir)
+            if summary:
+                out.append({**summary, "run_dir": summary.get("run_dir") or str(run_dir)})
+        return out
 
 
 __all__ = ["LocalLauncher"]

@@ -254,7 +254,7 @@ figure img { max-width: 100%; border: 1px solid #d0d7de; } figcaption { font-siz
 table { border-collapse: collapse; font-size: 0.85em; } th, td { border: 1px solid #d0d7de; padding: 4px 8px; text-align: left; }
 th { background: #f6f8fa; } td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 #where, #seeds { color: #57606a; } .scroll { overflow-x: auto; } details summary { cursor: pointer; margin: 1em 0 0.5em; }
-.status-completed td:nth-child(4) { color: #1a7f37; } .status-failed td:nth-child(4) { color: #cf222e; font-weight: bold; } .status-skipped td:nth-child(4) { color: #9a6700; }
+.status-completed td:nth-child(4) { color: #1a7f37; } .status-failed td:nth-child(4) { color: #cf222e; font-weight: bold; } .status-died td:nth-child(4) { color: #cf222e; font-weight: bold; } .status-skipped td:nth-child(4) { color: #9a6700; }
 .notes li { margin-bottom: 0.3em; }
 figure.heatmap svg { max-width: 100%; height: auto; border: 1px solid #d0d7de; }
 """

@@ -16,19 +16,21 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from qwen3_trn.launch.base import Launcher
-from qwen3_trn.records import IN_FLIGHT_STATUSES, RunStatus, job_section, read_summary
+from qwen3_trn.records import IN_FLIGHT_STATUSES, RunStatus, died_figures, job_section, read_summary
 
 # Slurm job state -> the run's status.
 _PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD", "SUSPENDED", "STOPPED", "SPECIAL_EXIT"}
 _RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"}
-_FAILED = {"FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY", "DEADLINE", "PREEMPTED", "REVOKED"}
-FINAL_STATUSES = (RunStatus.completed, RunStatus.failed, RunStatus.cancelled)
+_FAILED = {"FAILED", "TIMEOUT", "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED"}
+# killed hard, with no chance to record an end: a lost node, the OOM killer
+_DIED = {"NODE_FAIL", "OUT_OF_MEMORY"}
+FINAL_STATUSES = (RunStatus.completed, RunStatus.failed, RunStatus.cancelled, RunStatus.died)
 
 
 class SlurmJobEnded(SystemExit):
     """A waited-for Slurm job that did not complete (exit status 1; the message is printed first).
 
-    ``run_status`` (failed or cancelled) is what ``summary.json`` records."""
+    ``run_status`` (failed, died or cancelled) is what ``summary.json`` records."""
 
     def __init__(self, run_status: RunStatus) -> None:
         super().__init__(1)
@@ -48,6 +50,8 @@ def status_of(state: str) -> RunStatus | None:
         return RunStatus.pending
     if state in _FAILED:
         return RunStatus.failed
+    if state in _DIED:
+        return RunStatus.died
     return None
 
 
@@ -100,9 +104,11 @@ def refresh_runs(launcher: type[Launcher], run_dirs: Iterable[Path]) -> list[dic
         fields: dict[str, Any] = {}
         if status is not None and status != summary.get("status"):
             fields["status"] = status
-        if status == RunStatus.failed and not summary.get("error"):
+        if status in (RunStatus.failed, RunStatus.died) and not summary.get("error"):
             reason = node_errors(job) or summary.get("job_error") or job_error(job)
             fields["error"] = f"Slurm job {job['id']} {state}" + (f": {reason}" if reason else "")
+        if status == RunStatus.died and summary.get("status") != RunStatus.died:
+            fields.update(died_figures(run_dir))
         changed = status is not None and state != job.get("state")
         out.append(launcher.record_job(run_dir, {"state": state} if changed else {}, **fields) if changed or fields else summary)
     return out

@@ -1,0 +1,128 @@
+"""No run is left "running" after its processes are gone: a sweep of 2-rank runs whose
+launching process is SIGKILLed (nothing it can catch, as the OOM killer does) reads as died,
+with its last step, in ``python -m qwen3_trn.status`` (its job's run directory and the sweep),
+in the sweep's manifest and report, and in a rerun of the sweep, which runs it again. One
+killed sweep, shared by the module's tests."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qwen3_trn.launch.slurm.state import status_of
+from qwen3_trn.processes import is_gone, this_process, where
+from tests.conftest import REPO, cli_env, read_summary
+from tests.test_reliability import session_processes, steps_logged, wait_for
+
+STEPS = 40
+ARGS = [
+    "-m",
+    "training.seed=1,2",
+    "launcher.nproc_per_node=2",
+    "parallelism=fsdp",
+    f"training.steps={STEPS}",
+    "training.seq_len=64",
+    "logger=none",
+    "validation=off",
+    "checkpoint.enable=false",
+]
+
+
+def _sweep(sweep_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "qwen3_trn", *ARGS, f"hydra.sweep.dir={sweep_dir}"]
+
+
+def _status(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "qwen3_trn.status", *args], cwd=REPO, env=cli_env(), capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def killed_sweep(tmp_path_factory) -> Path:
+    """A sweep SIGKILLed while its first job trains: (sweep dir, steps logged when killed)."""
+    sweep_dir = tmp_path_factory.mktemp("died") / "sweep"
+    sweep = subprocess.Popen(
+        _sweep(sweep_dir), cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    wait_for(lambda: steps_logged(sweep_dir / "0") >= 2, 300, "two steps", sweep)
+    assert len(session_processes(sweep.pid)) >= 3  # the launcher and its 2 ranks
+    os.kill(sweep.pid, signal.SIGKILL)
+    sweep.communicate(timeout=60)
+    wait_for(lambda: not session_processes(sweep.pid), 30, "every rank to die with the launcher")
+    return sweep_dir
+
+
+@pytest.mark.slow
+def test_a_killed_run_reads_as_died_with_its_last_step(killed_sweep):
+    run_dir = killed_sweep / "0"
+    assert read_summary(run_dir)["status"] == "running"  # as the kill left it
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["step"]
+
+    shown = _status("--json", str(run_dir))
+    assert shown.returncode == 1, shown.stderr
+    [row] = json.loads(shown.stdout)
+    assert (row["status"], row["last_step"], row["run_dir"]) == ("died", last, str(run_dir))
+    summary = read_summary(run_dir)
+    assert summary["status"] == "died" and summary["last_step"] == last and "ended without recording an end" in summary["error"]
+
+    text = _status(str(run_dir))
+    assert text.returncode == 1 and text.stdout.split()[0] == "died" and f"last step {last}" in text.stdout, text.stdout
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_job_reads_as_died_in_status_report_and_resume(killed_sweep):
+    shown = _status("--json", str(killed_sweep))
+    assert shown.returncode == 1, shown.stderr
+    assert [(row["num"], row["status"]) for row in json.loads(shown.stdout)] == [(0, "died")]
+    manifest = json.loads((killed_sweep / "manifest.json").read_text())
+    assert manifest["counts"]["died"] == 1 and manifest["complete"], manifest["counts"]
+    with open(killed_sweep / "report.csv") as f:
+        assert [row["status"] for row in csv.DictReader(f)] == ["died"]
+
+    rerun = subprocess.run(_sweep(killed_sweep), cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "#0 died earlier: runs again" in rerun.stdout, rerun.stdout[-3000:]
+    manifest = json.loads((killed_sweep / "manifest.json").read_text())
+    assert [job["status"] for job in manifest["jobs"]] == ["completed", "completed"]
+    assert read_summary(killed_sweep / "previous-attempts" / "0-1")["status"] == "died"
+
+
+def test_a_process_is_gone_only_when_verifiably_so():
+    """A live process, a pid that no process has, a pid reused by another process (another
+    start time) and a process of another host (never taken for gone, shown as unchecked)."""
+    me = this_process()
+    assert not is_gone(me)
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    assert is_gone({**me, "pid": ended.pid})
+    assert is_gone({**me, "started": me["started"] - 1})  # this pid, but not the process recorded
+    elsewhere = {**me, "host": f"not-{socket.gethostname()}", "pid": ended.pid}
+    assert not is_gone(elsewhere)
+    assert where(elsewhere) == f"on host not-{socket.gethostname()} (cannot check from here)"
+
+
+def test_a_run_of_another_host_stays_running_unchecked(tmp_path):
+    process = {**this_process(), "host": f"not-{socket.gethostname()}", "pid": 1}
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "running", "run_dir": str(tmp_path), "process": process}))
+    shown = _status("--json", str(tmp_path))
+    assert shown.returncode == 0, shown.stderr
+    [row] = json.loads(shown.stdout)
+    assert (row["status"], row["state"]) == ("running", f"on host {process['host']} (cannot check from here)")
+    assert read_summary(tmp_path)["status"] == "running"
+
+
+@pytest.mark.parametrize(
+    "state, status",
+    [("NODE_FAIL", "died"), ("OUT_OF_MEMORY", "died"), ("FAILED", "failed"), ("CANCELLED by 1000", "cancelled"), ("RUNNING", "running")],
+)
+def test_slurm_states_of_a_job_killed_hard_read_as_died(state, status):
+    """A lost node and the OOM killer end a job without a chance to record its end: died; a
+    job whose ranks exited with an error: failed (sacct's words, as ``job_state`` reads them)."""
+    assert status_of(state) == status
