@@ -24,6 +24,7 @@ from tests.conftest import (
     compose_config,
     hf_export_run,
     in_process,
+    read_metrics,
     read_summary,
 )
 from tests.hf_checkpoints import DENSE, MOE, make_random_hf_checkpoint, read_config
@@ -40,6 +41,12 @@ def _offline(monkeypatch):
 
 def _falls(records, by=0.15):
     return records[-1]["loss"] < records[0]["loss"] - by
+
+
+def _held_out_falls(run_dir, by):
+    """The held-out loss (the same tokens after the first and the last step) fell by ``by``."""
+    val = [r["val_loss"] for r in read_metrics(run_dir) if "val_loss" in r]
+    return len(val) == 2 and val[-1] < val[0] - by
 
 
 def _python(code: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -183,7 +190,9 @@ def test_moe_hf_v5_trains_and_exports_standard_qwen3_moe(tmp_path):
         env=OFFLINE,
     )
     records = assert_trained(result, run_dir, steps=4)
-    assert _falls(records, by=0.1), [r["loss"] for r in records]
+    # the fourth training batch of the seed's document order scores above the first; the
+    # held-out tokens are the same at both evaluations
+    assert _held_out_falls(run_dir, by=0.1), [r["loss"] for r in records]
     summary = read_summary(run_dir)
     assert summary["hf_architecture"] == "Qwen3MoeForCausalLM" and summary["hf_experts_implementation"] == "eager"
     assert summary["architecture"]["num_experts"] == 4
