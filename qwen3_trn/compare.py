@@ -79,6 +79,8 @@ NATIVE_MATH_IN = {
 # (debug=smoke, 2 x 64 tokens, seed 42) from the native init and from a checkpoint of 40 native
 # steps, measured on a 2-core CPU by
 #   python benchmarks/parity_tolerance.py
+# the largest of two document orders (before and after training.seed ordered the training
+# documents: the same batches for every mode, other batches between the two)
 # and, as the tolerance, twice that: a mode that computes the same model in another order stays
 # inside, a perturbed layer does not (tests/test_parity.py). Keyed by (math, compute dtype, model
 # kind, start). bf16 from trained weights drifts furthest: a fresh AdamW's first full-size step
@@ -88,17 +90,17 @@ MEASURED: dict[tuple[str, str, str, str], float] = {
     ("transformers", "bfloat16", "dense", "init"): 5.0e-03,
     ("transformers", "float32", "dense", "init"): 1.3e-05,
     ("transformers", "bfloat16", "moe", "init"): 1.0e-02,
-    ("transformers", "float32", "moe", "init"): 2.3e-03,
+    ("transformers", "float32", "moe", "init"): 2.9e-03,
     ("grouped_mm", "float32", "moe", "init"): 2.8e-02,
-    ("padded_bmm", "bfloat16", "moe", "init"): 1.4e-02,
+    ("padded_bmm", "bfloat16", "moe", "init"): 1.8e-02,
     ("padded_bmm", "float32", "moe", "init"): 2.8e-02,
     ("transformers", "bfloat16", "dense", "checkpoint"): 2.5e-01,
     ("transformers", "float32", "dense", "checkpoint"): 1.4e-06,
     ("transformers", "bfloat16", "moe", "checkpoint"): 2.2e-01,
     ("transformers", "float32", "moe", "checkpoint"): 1.6e-02,
-    ("grouped_mm", "float32", "moe", "checkpoint"): 8.1e-02,
+    ("grouped_mm", "float32", "moe", "checkpoint"): 1.0e-01,
     ("padded_bmm", "bfloat16", "moe", "checkpoint"): 7.1e-02,
-    ("padded_bmm", "float32", "moe", "checkpoint"): 8.1e-02,
+    ("padded_bmm", "float32", "moe", "checkpoint"): 1.0e-01,
 }
 MARGIN = 2.0
 
