@@ -201,9 +201,9 @@ class Feature:
     names: dict[str, object]
     missing: tuple[str, ...]
     error: str | None = None
+    """Why importing them failed, where a module of theirs does not import at all."""
     key: str = "torchtitan"
     """The config key a command that needs the feature is refused on."""
-    """Why importing them failed, where a module of theirs does not import at all."""
 
     @property
     def available(self) -> bool:
