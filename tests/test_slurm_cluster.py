@@ -117,10 +117,22 @@ def _executor(folder: Path, **params) -> "submitit.AutoExecutor":
     return executor
 
 
+# Slurm states of a job still in the queue (a requeued job is PENDING again, then RUNNING)
+_QUEUED = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING")
+
+
+def _queued(job) -> bool:
+    return str(job.get_info(mode="force").get("State", "")).split(" ")[0] in _QUEUED
+
+
 def _result(job, timeout: float):
-    """job.result(), but failing after ``timeout`` s instead of waiting for ever."""
+    """job.result() once the job has left Slurm's queue, failing after ``timeout`` s instead of
+    waiting for ever. A requeued job's interrupted run can leave an outcome before the requeued
+    run writes its own: on a loaded machine the requeue's SIGTERM can reach the `scontrol
+    requeue` that submitit's handler is still waiting on, and the handler records that as the
+    job's error while the job is already queued again."""
     deadline = time.monotonic() + timeout
-    while not job.done():
+    while not job.done() or _queued(job):
         if time.monotonic() > deadline:
             job.cancel(check=False)
             raise AssertionError(
