@@ -337,12 +337,16 @@ def test_scancel_shows_cancelled_in_the_sweep_manifest(slurm_cluster: SlurmClust
 @needs_submitit
 def test_requeued_job_resumes_from_its_checkpoint(slurm_env: SlurmCluster, tmp_path: Path):
     run_dir = tmp_path / "run"
+    # Enough steps that the first run is still training when the interrupt lands after its first
+    # checkpoint (8 steps could all be done and checkpointed by then on an idle machine, and the
+    # requeued run would resume at the end with nothing left to log).
+    total_steps = 40
     # logger=wandb (offline): the resumed job continues the same wandb run
     overrides = [
         *SLURM,
         *TINY,
         "logger=wandb",
-        "training.steps=8",
+        f"training.steps={total_steps}",
         "checkpoint=on",
         "checkpoint.interval=2",
     ]
@@ -382,9 +386,9 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_env: SlurmCluster, tmp_p
     assert first_run == list(range(1, resumed_from + 1)) and len(before) >= 2, steps
     # the second run continues after a checkpoint step (checkpoint.interval=2)
     assert resumed_from % 2 == 0 and resumed_from >= 2, steps
-    assert second_run == list(range(resumed_from + 1, 9)), steps
+    assert second_run == list(range(resumed_from + 1, total_steps + 1)), steps
     assert summary["job"]["restarts"] == 1 and summary["job"]["requeues"] == 1, summary
-    assert summary["first_step"] == 1 and summary["last_step"] == 8 and summary["steps_logged"] == 8, summary
+    assert summary["first_step"] == 1 and summary["last_step"] == total_steps and summary["steps_logged"] == total_steps, summary
 
     # the same wandb run, resumed: both starts used the id planned in tracking.json
     tracking = json.loads((run_dir / "tracking.json").read_text())
