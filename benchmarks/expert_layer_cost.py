@@ -44,9 +44,9 @@ from torchtitan.models.common.feed_forward import FeedForward
 from torchtitan.models.common.moe import GroupedExperts
 from torchtitan.models.qwen3 import model_registry
 
+from qwen3_trn.common.local_tensors import local_tensor
 from qwen3_trn.kernels import ExpertKernel, KernelGroupedExperts, select_kernel
 from qwen3_trn.kernels.moe import grouped_mm_token_groups, moe_problem, swiglu, swiglu_backward
-from qwen3_trn.local_tensors import local_tensor
 
 DEFAULT_OVERRIDES = ["backend=nki_moe", "model=debugmodel_moe", "model.n_layers=2", "training.seq_len=256", "logger=none"]
 DENSE_FLAVOR = "debugmodel"

@@ -28,8 +28,8 @@ import torch
 from inprocess import single_rank_trainer_config
 from torchtitan.models.common.moe import GroupedExperts
 
+from qwen3_trn.common.local_tensors import local_tensor
 from qwen3_trn.kernels import DEVICE_KERNELS, KERNELS, KernelGroupedExperts
-from qwen3_trn.local_tensors import local_tensor
 
 DEFAULT_OVERRIDES = ["backend=nki_moe", "model=debugmodel_moe", "model.n_layers=2", "training.seq_len=256", "logger=none"]
 BASELINE = "torchtitan GroupedExperts"

@@ -16,9 +16,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from qwen3_trn.allocator import exec_with_tcmalloc
+from qwen3_trn.common.allocator import exec_with_tcmalloc
 
-# The host allocator the command runs under (qwen3_trn.allocator): may restart this script once.
+# The host allocator the command runs under (qwen3_trn.common.allocator): may restart this script once.
 exec_with_tcmalloc()
 
 from hydra import compose, initialize_config_dir
@@ -27,9 +27,9 @@ from torchtitan.trainer import Trainer
 from qwen3_trn.app import to_run_config
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.config.store import register_schema
-from qwen3_trn.convert import compute_dtype, to_trainer_config
 from qwen3_trn.devices import resolve_device
-from qwen3_trn.layout import resolve_layout
+from qwen3_trn.run.convert import compute_dtype, to_trainer_config
+from qwen3_trn.run.layout import resolve_layout
 
 __all__ = ["REPO", "single_rank_trainer_config"]
 

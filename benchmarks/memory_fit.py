@@ -3,7 +3,7 @@
     python benchmarks/memory_fit.py [--steps 4] [--only NAME ...]
 
 For each case the estimate comes from the same code ``mode=plan`` / ``mode=check`` run
-(``qwen3_trn.fit``: the composed estimate with activations probed by torch's MemTracker, and
+(``qwen3_trn.run.fit``: the composed estimate with activations probed by torch's MemTracker, and
 torch's FSDPMemTracker over rank 0 on torchtitan's fake backend), and the measurement from a real
 training of the same config on this CPU (gloo for two ranks), every rank measuring itself:
 
@@ -54,8 +54,8 @@ def _compose(overrides: list[str], out_dir: str):
 
 def estimate(overrides: list[str]) -> dict:
     """The composed estimate (as mode=plan prints it) and the tracker's (as mode=check does)."""
-    from qwen3_trn.preflight import prepare
     from qwen3_trn.rank import check_layout
+    from qwen3_trn.run.preflight import prepare
 
     with tempfile.TemporaryDirectory() as out:
         cfg = _compose([*overrides, "mode=plan"], out)
@@ -68,7 +68,7 @@ def fit_seconds(overrides: list[str]) -> dict:
     """Seconds ``prepare`` spends in the fit model for a config, cold (first call in a process)."""
     import time
 
-    from qwen3_trn import fit, preflight
+    from qwen3_trn.run import fit, preflight
 
     spent = []
     original = fit.preflight
@@ -101,8 +101,8 @@ def measure(out_dir: str, what: str, overrides: list[str]) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from qwen3_trn.convert import compute_dtype, to_trainer_config
-    from qwen3_trn.preflight import prepare
+    from qwen3_trn.run.convert import compute_dtype, to_trainer_config
+    from qwen3_trn.run.preflight import prepare
 
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(key, value)

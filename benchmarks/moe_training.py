@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from qwen3_trn.allocator import HOST_ALLOCATOR_ENV
+from qwen3_trn.common.allocator import HOST_ALLOCATOR_ENV
 
 COMMON = ["model.n_layers=2", "training.seq_len=256", "logger=none"]
 MOE = ["model=debugmodel_moe"]

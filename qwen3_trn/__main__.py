@@ -1,6 +1,6 @@
 """``python -m qwen3_trn [group=option ...] [key=value ...]``: compose, check, launch.
 
-The exit status is the command's contract (``qwen3_trn.exits``): 0 done, 2 bad config or input,
+The exit status is the command's contract (``qwen3_trn.cli.exits``): 0 done, 2 bad config or input,
 1 a run that started and failed, 130 interrupted. Hydra reports its own composition errors and
 exits 1; here they are raised instead (``HYDRA_FULL_ERROR``) and reported like any other bad
 input, naming the key and the file.
@@ -14,20 +14,20 @@ import os
 import sys
 from pathlib import Path
 
-from qwen3_trn.allocator import exec_with_tcmalloc
+from qwen3_trn.common.allocator import exec_with_tcmalloc
 
 # First, before torch is loaded: an allocator that replaces malloc must be in the process from
-# its start, so this may restart the command once with tcmalloc preloaded (qwen3_trn.allocator).
+# its start, so this may restart the command once with tcmalloc preloaded (qwen3_trn.common.allocator).
 exec_with_tcmalloc()
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
+from qwen3_trn.cli.early import answer_early, no_run_dir_left  # noqa: E402
+from qwen3_trn.cli.exits import exit_status  # noqa: E402
 from qwen3_trn.config.composition import refuse_shadowed_config_files  # noqa: E402
 from qwen3_trn.config.store import register_schema  # noqa: E402
-from qwen3_trn.early import answer_early, no_run_dir_left  # noqa: E402
-from qwen3_trn.exits import exit_status  # noqa: E402
-from qwen3_trn.records import TRACEBACK_ENV  # noqa: E402
+from qwen3_trn.results.records import TRACEBACK_ENV  # noqa: E402
 
 register_schema()
 
@@ -39,7 +39,7 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
-    # A single run's config typed and its ranges and paths checked first (qwen3_trn.early), so
+    # A single run's config typed and its ranges and paths checked first (qwen3_trn.cli.early), so
     # that such bad input is answered before the run's modules load. Imported here, not above:
     # they load only for a config that passed and a command that runs it. A ConfigError raised on
     # import (qwen3_trn.titan) exits 2 (main).

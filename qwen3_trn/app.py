@@ -5,7 +5,7 @@ directory, prepares the run (every check before anything is written; the claim i
 when one fails), and then either plans (``mode=plan``/``check``) or launches and records the
 outcome in ``summary.json``.
 
-The exit status of the command: ``qwen3_trn.exits``.
+The exit status of the command: ``qwen3_trn.cli.exits``.
 """
 
 from __future__ import annotations
@@ -26,19 +26,17 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from qwen3_trn.allocator import host_allocator_choice
+from qwen3_trn.cli.early import in_multirun, no_run_dir_left, run_dir_pattern
+from qwen3_trn.cli.exits import exit_status
+from qwen3_trn.common.allocator import host_allocator_choice
+from qwen3_trn.common.errors import ConfigError, RunInterrupted, describe_error
+from qwen3_trn.common.redact import redact_argv, redact_overrides, remember_env
 from qwen3_trn.config.schema import Mode
 from qwen3_trn.config.typed import to_run_config
-from qwen3_trn.convert import compile_warning
-from qwen3_trn.early import in_multirun, no_run_dir_left, run_dir_pattern
-from qwen3_trn.errors import ConfigError, RunInterrupted, describe_error
-from qwen3_trn.exits import exit_status
-from qwen3_trn.fit import tracked_section
 from qwen3_trn.launch import build_launcher
 from qwen3_trn.plan import config_differences, plan_record, render_plan
-from qwen3_trn.preflight import prepare
-from qwen3_trn.processes import this_process
-from qwen3_trn.records import (
+from qwen3_trn.results.processes import this_process
+from qwen3_trn.results.records import (
     CONFIG_FILE,
     ERROR_LOG,
     LAUNCH_TIME_ENV,
@@ -58,9 +56,11 @@ from qwen3_trn.records import (
     write_run_files,
     write_text_atomic,
 )
-from qwen3_trn.redact import redact_argv, redact_overrides, remember_env
-from qwen3_trn.sweep import job_context, run_sweep_job
-from qwen3_trn.tracking import plan_tracking, summary_fields, write_tracking
+from qwen3_trn.run.convert import compile_warning
+from qwen3_trn.run.fit import tracked_section
+from qwen3_trn.run.preflight import prepare
+from qwen3_trn.run.tracking import plan_tracking, summary_fields, write_tracking
+from qwen3_trn.sweeps.sweep import job_context, run_sweep_job
 
 __all__ = ["execute", "run", "to_run_config"]
 
@@ -224,7 +224,7 @@ def run(cfg_node: DictConfig) -> dict | None:
     """Hydra's task function, under the exit-code contract (``exit_status``).
 
     In a multirun (``-m``) a job's error is recorded in its job.json and the sweep manifest
-    instead, and the sweep goes on (``qwen3_trn.sweep``)."""
+    instead, and the sweep goes on (``qwen3_trn.sweeps.sweep``)."""
     redact_argv()
     if in_multirun():
         return run_sweep_job(execute, cfg_node)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from qwen3_trn.errors import ConfigError
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.titan import CheckpointManager, checkpoint_save, replaces_checkpoint_save
 
 METADATA_FILE = ".metadata"

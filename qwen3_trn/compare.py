@@ -30,16 +30,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from qwen3_trn.exits import imports_of_entry_point
+from qwen3_trn.cli.exits import imports_of_entry_point
 
-# A torchtitan that lacks what the package uses: exit 2 as the command (qwen3_trn.exits).
+# A torchtitan that lacks what the package uses: exit 2 as the command (qwen3_trn.cli.exits).
 with imports_of_entry_point(__name__):
+    from qwen3_trn.common.errors import ConfigError
     from qwen3_trn.config.overrides import override_key
-    from qwen3_trn.errors import ConfigError
     from qwen3_trn.kernels.registry import DEVICE_KERNELS
-    from qwen3_trn.records import LOGS_DIR, read_metrics, read_summary, write_json_atomic, write_text_atomic
+    from qwen3_trn.results.records import LOGS_DIR, read_metrics, read_summary, write_json_atomic, write_text_atomic
+    from qwen3_trn.run.tracking import wandb_api_key
     from qwen3_trn.titan import TRANSFORMERS_BACKEND
-    from qwen3_trn.tracking import wandb_api_key
 
 EXIT_AGREE, EXIT_DIFFER, EXIT_BAD_COMMAND = 0, 1, 2
 REFERENCE = "native"

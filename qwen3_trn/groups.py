@@ -11,9 +11,10 @@ implementation otherwise (``qwen3_trn.rank``).
 
 from pathlib import Path
 
-from qwen3_trn import backends, launch, records
+from qwen3_trn import backends, launch
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.data import sources
+from qwen3_trn.results import records
 
 # The packages whose modules define the options' classes (imported above).
 OPTION_PACKAGES = (backends, launch, sources)

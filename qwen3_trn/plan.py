@@ -9,12 +9,12 @@ from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from qwen3_trn.common.redact import redact_overrides, redact_tree
 from qwen3_trn.config.overrides import override_key
 from qwen3_trn.launch import LaunchDescription
-from qwen3_trn.layout import Layout
-from qwen3_trn.preflight import Prepared
-from qwen3_trn.records import CONFIG_FILE, PLAN_FILE, PLAN_TEXT_FILE, TRAINER_CONFIG_FILE
-from qwen3_trn.redact import redact_overrides, redact_tree
+from qwen3_trn.results.records import CONFIG_FILE, PLAN_FILE, PLAN_TEXT_FILE, TRAINER_CONFIG_FILE
+from qwen3_trn.run.layout import Layout
+from qwen3_trn.run.preflight import Prepared
 from qwen3_trn.titan import features_off, torchtitan_version
 
 

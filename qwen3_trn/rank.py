@@ -15,23 +15,23 @@ import json
 import os
 import sys
 
-from qwen3_trn.exits import imports_of_entry_point
+from qwen3_trn.cli.exits import imports_of_entry_point
 
-# A torchtitan that lacks what the package uses: exit 2 as the command (qwen3_trn.exits).
+# A torchtitan that lacks what the package uses: exit 2 as the command (qwen3_trn.cli.exits).
 with imports_of_entry_point(__name__):
+    from qwen3_trn.common.errors import ConfigError
     from qwen3_trn.config.schema import Mode, RunConfig
-    from qwen3_trn.errors import ConfigError
-    from qwen3_trn.fit.device_memory import margin_bytes
-    from qwen3_trn.fit.tracked import isolated, rank0_parameters, tracked_estimate, untrackable
     from qwen3_trn.groups import load_run_config
-    from qwen3_trn.preflight import resolve
-    from qwen3_trn.worker import WorkerJob, run_worker
+    from qwen3_trn.run.fit.device_memory import margin_bytes
+    from qwen3_trn.run.fit.tracked import isolated, rank0_parameters, tracked_estimate, untrackable
+    from qwen3_trn.run.preflight import resolve
+    from qwen3_trn.run.worker import WorkerJob, run_worker
 
 
 def check_layout(cfg: RunConfig) -> dict:
     """Build the Trainer for rank 0 of the planned world on torchtitan's fake collectives with
     fake tensors (nothing allocated), then measure its training step with PyTorch's memory
-    tracker (qwen3_trn.fit.tracked); each build runs in a child process of its own."""
+    tracker (qwen3_trn.run.fit.tracked); each build runs in a child process of its own."""
     cfg.mode = Mode.check
     resolved = resolve(cfg)
     layout = resolved.layout

@@ -13,13 +13,13 @@ import json
 import sys
 from pathlib import Path
 
-from qwen3_trn.exits import imports_of_entry_point
+from qwen3_trn.cli.exits import imports_of_entry_point
 
-# A torchtitan that lacks what the package uses: exit 2 as the command (qwen3_trn.exits).
+# A torchtitan that lacks what the package uses: exit 2 as the command (qwen3_trn.cli.exits).
 with imports_of_entry_point(__name__):
-    from qwen3_trn.processes import PROCESS_SECTION, where
-    from qwen3_trn.records import RunStatus, is_sweep_dir, job_section, read_summary, run_dirs_under
-    from qwen3_trn.sweep import refresh_runs, refresh_sweep
+    from qwen3_trn.results.processes import PROCESS_SECTION, where
+    from qwen3_trn.results.records import RunStatus, is_sweep_dir, job_section, read_summary, run_dirs_under
+    from qwen3_trn.sweeps.sweep import refresh_runs, refresh_sweep
 
 
 def _row(record: dict, num=None) -> dict:

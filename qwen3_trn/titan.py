@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from qwen3_trn.errors import ConfigError, NotApplicable, first_line
+from qwen3_trn.common.errors import ConfigError, NotApplicable, first_line
 
 # The components upstream torchtitan 0.3 compiles when they are in ``compile.components``:
 # "model" (models/*/parallelize.py) and "loss" (components/loss.py). Other names are accepted

@@ -36,20 +36,20 @@ from typing import Any
 
 import torch
 
-from qwen3_trn.exits import imports_of_entry_point
+from qwen3_trn.cli.exits import imports_of_entry_point
 
-# A torchtitan that lacks what the package uses: exit 2 as the command (qwen3_trn.exits).
+# A torchtitan that lacks what the package uses: exit 2 as the command (qwen3_trn.cli.exits).
 with imports_of_entry_point(__name__):
+    from qwen3_trn.common.errors import ConfigError
+    from qwen3_trn.common.local_tensors import local_tensor
     from qwen3_trn.config.schema import CompileBackend, DeviceType, Mode, ParamDType
-    from qwen3_trn.errors import ConfigError
     from qwen3_trn.hf.export import latest_hf_export
     from qwen3_trn.hf.reference import MOE_ARCHITECTURE, export_side, in_clean_process
     from qwen3_trn.launch.local import LocalLauncher
     from qwen3_trn.launch.node import environment, one_rank_world
-    from qwen3_trn.local_tensors import local_tensor
-    from qwen3_trn.preflight import prepare
-    from qwen3_trn.records import CONFIG_FILE, load_run_config
-    from qwen3_trn.worker import build_trainer
+    from qwen3_trn.results.records import CONFIG_FILE, load_run_config
+    from qwen3_trn.run.preflight import prepare
+    from qwen3_trn.run.worker import build_trainer
 
 PROMPT = "def sorted(iterable):"
 

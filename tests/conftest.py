@@ -239,8 +239,8 @@ def command_in_process(args: list[str], env: dict | None = None) -> subprocess.C
     Hydra's argument handling, ``-m`` sweeps with their jobs one after another) in this process,
     with the system allocator chosen (importing the entry point otherwise restarts the process
     under tcmalloc); ``env`` is added to the environment. Returns what ``run_cli`` returns."""
-    from qwen3_trn.allocator import HOST_ALLOCATOR_ENV
-    from qwen3_trn.records import TRACEBACK_ENV
+    from qwen3_trn.common.allocator import HOST_ALLOCATOR_ENV
+    from qwen3_trn.results.records import TRACEBACK_ENV
 
     out, err = io.StringIO(), io.StringIO()
     with _process_state_kept(), contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):

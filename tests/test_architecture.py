@@ -10,11 +10,11 @@ import torch
 from torchtitan.models.qwen3 import model_registry
 
 from qwen3_trn.app import to_run_config
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.config.schema import ModelConfig
-from qwen3_trn.errors import ConfigError
 from qwen3_trn.models.architecture import FIELDS, FLAVORS, Qwen3Architecture
 from qwen3_trn.models.hf_config import architecture_from_hf, hf_config_dict
-from qwen3_trn.preflight import prepare
+from qwen3_trn.run.preflight import prepare
 from tests.conftest import compose_config
 
 

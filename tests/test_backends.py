@@ -12,10 +12,10 @@ from qwen3_trn.backends import Backend, build_backend
 from qwen3_trn.backends.hf_v5 import HfV5Backend
 from qwen3_trn.backends.native import NativeBackend
 from qwen3_trn.backends.nki_moe import NkiMoeBackend
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.config.schema import BackendConfig
 from qwen3_trn.config.store import register_schema
 from qwen3_trn.config.typed import to_run_config
-from qwen3_trn.errors import ConfigError
 from tests.conftest import compose_config, in_process, read_summary
 
 CASES = [

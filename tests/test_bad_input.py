@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from qwen3_trn.common.redact import looks_secret
 from qwen3_trn.config.keys import facts, schema_fields
 from qwen3_trn.config.ranges import Range, all_ranges
 from qwen3_trn.config.schema import RunConfig, option_groups
 from qwen3_trn.data.embedded import tokenizer_dir
-from qwen3_trn.redact import looks_secret
 from tests.conftest import run_in_process
 
 # Keys set by the command itself, not by users.

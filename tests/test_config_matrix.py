@@ -13,7 +13,7 @@ from torchtitan.trainer import Trainer
 from qwen3_trn.app import to_run_config
 from qwen3_trn.config.keys import leaves
 from qwen3_trn.config.schema import RunConfig
-from qwen3_trn.preflight import prepare
+from qwen3_trn.run.preflight import prepare
 from tests.conftest import CONF, compose_config
 
 # Options that need a value only the user can give.

@@ -10,9 +10,9 @@ from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAt
 from torchtitan.models.qwen3 import parallelize_qwen3
 
 from qwen3_trn.app import to_run_config
-from qwen3_trn.convert import resume_checkpoint
-from qwen3_trn.errors import ConfigError
-from qwen3_trn.preflight import prepare
+from qwen3_trn.common.errors import ConfigError
+from qwen3_trn.run.convert import resume_checkpoint
+from qwen3_trn.run.preflight import prepare
 from tests.conftest import compose_config
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from qwen3_trn.allocator import HOST_ALLOCATOR_ENV, tcmalloc_library
+from qwen3_trn.common.allocator import HOST_ALLOCATOR_ENV, tcmalloc_library
 from tests.conftest import REPO, cli_env, run_in_process
 
 # Optionally restarts under tcmalloc (as `python -m qwen3_trn` does first), then (with "allocate")
@@ -18,7 +18,7 @@ from tests.conftest import REPO, cli_env, run_in_process
 # allocation (the steady state: the first one or two may still grow the heap; 0 without "allocate").
 _FAULTS_OF_STEADY_ALLOCATION = """
 import os, resource, sys
-from qwen3_trn.allocator import exec_with_tcmalloc, uses_tcmalloc
+from qwen3_trn.common.allocator import exec_with_tcmalloc, uses_tcmalloc
 os.environ["STARTS"] = os.environ.get("STARTS", "") + "x"
 if sys.argv[1] == "restart":
     exec_with_tcmalloc()
@@ -53,7 +53,7 @@ def _steady(mode: str, env: dict | None = None, allocate: bool = True) -> tuple[
 # grows for a 256 MiB tensor.
 _MAPPED_BLOCK_BYTES = """
 import ctypes, sys, torch
-from qwen3_trn.allocator import retain_freed_memory
+from qwen3_trn.common.allocator import retain_freed_memory
 if sys.argv[1] == "retain":
     assert retain_freed_memory() is True
 class MallInfo2(ctypes.Structure):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from qwen3_trn.launch.slurm.state import status_of
-from qwen3_trn.processes import is_gone, this_process, where
+from qwen3_trn.results.processes import is_gone, this_process, where
 from tests.conftest import REPO, cli_env, read_summary
 from tests.test_reliability import session_processes, steps_logged, wait_for
 

@@ -12,9 +12,9 @@ import typing
 import pytest
 
 from qwen3_trn.app import execute, to_run_config
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.config.ranges import all_ranges
 from qwen3_trn.config.store import SWEEPER_SCHEMAS
-from qwen3_trn.errors import ConfigError
 from tests.conftest import command_in_process, compose_config, run_cli, run_in_process
 
 

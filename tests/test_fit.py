@@ -9,13 +9,13 @@ import pytest
 
 from qwen3_trn.app import to_run_config
 from qwen3_trn.backends.base import flavor_architecture
-from qwen3_trn.errors import ConfigError
-from qwen3_trn.fit import probe
-from qwen3_trn.fit.counts import count
-from qwen3_trn.fit.memory import GIB
-from qwen3_trn.fit.tracked import isolated, rank0_parameters, trainer_flops_per_token
-from qwen3_trn.preflight import prepare
-from qwen3_trn.records import CACHE_ENV
+from qwen3_trn.common.errors import ConfigError
+from qwen3_trn.results.records import CACHE_ENV
+from qwen3_trn.run.fit import probe
+from qwen3_trn.run.fit.counts import count
+from qwen3_trn.run.fit.memory import GIB
+from qwen3_trn.run.fit.tracked import isolated, rank0_parameters, trainer_flops_per_token
+from qwen3_trn.run.preflight import prepare
 from tests.conftest import CONF, command_in_process, compose_config, in_process, read_summary
 
 # Qwen3 model cards (huggingface.co/Qwen/Qwen3-<size>): "Number of Parameters" (embeddings

@@ -19,7 +19,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from qwen3_trn.app import execute
-from qwen3_trn.errors import ConfigError
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.hf.checkpoint import checkpoint_shapes, expected_shapes
 from qwen3_trn.verify import verify_export
 from tests.conftest import (

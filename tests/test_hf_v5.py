@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from qwen3_trn.app import execute, to_run_config
-from qwen3_trn.errors import ConfigError
+from qwen3_trn.common.errors import ConfigError
 from tests.conftest import (
     HF_EXPORT_STEPS,
     HF_V5_DENSE,
@@ -289,7 +289,7 @@ def test_roundtrip_key_check_fails_on_anything_but_tied_lm_head():
 
 def _prepared(overrides: list[str]):
     """The prepared run, as mode=plan prepares it (shapes only: no fit check against this host)."""
-    from qwen3_trn.preflight import prepare
+    from qwen3_trn.run.preflight import prepare
 
     return prepare(to_run_config(compose_config(["mode=plan", *overrides])))
 

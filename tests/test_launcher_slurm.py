@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from qwen3_trn.errors import ConfigError
-from qwen3_trn.records import read_json
+from qwen3_trn.common.errors import ConfigError
+from qwen3_trn.results.records import read_json
 from tests.conftest import REPO, command_in_process, compose_config, read_metrics, read_summary, run_cli
 from tests.secret_values import SECRETS_IN_ENV, SECRETS_IN_LAUNCHER_ENV, files_with_secrets, process_cmdline, process_env, secret_args
 from tests.slurm_cluster import SlurmCluster, slurm_cluster, slurm_env, wait_for_state  # noqa: F401
@@ -223,7 +223,7 @@ def test_unknown_partition_and_too_many_nodes(slurm_env: SlurmCluster, tmp_path:
 @needs_submitit
 def test_two_job_multirun_on_slurm(slurm_cluster: SlurmCluster, tmp_path: Path):
     from qwen3_trn.launch.slurm import sbatch_script
-    from qwen3_trn.records import load_run_config
+    from qwen3_trn.results.records import load_run_config
 
     sweep = tmp_path / "sweep"
     # submitted from this process (the command's entry point); the jobs are Slurm's processes

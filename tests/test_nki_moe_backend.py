@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from qwen3_trn.app import execute, to_run_config
-from qwen3_trn.errors import ConfigError, NotApplicable
+from qwen3_trn.common.errors import ConfigError, NotApplicable
 from qwen3_trn.kernels import KernelGroupedExperts
-from qwen3_trn.preflight import prepare
+from qwen3_trn.run.preflight import prepare
 from tests.conftest import FAST, assert_trained, compose_config, in_process, read_summary, run_cli
 
 

@@ -57,7 +57,7 @@ CHILD = """
 import os, signal, time
 os.environ["TORCHELASTIC_RUN_ID"] = "test"  # as torch elastic's agent sets it for its ranks
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # a rank deaf to torch's own parent-death SIGINT
-from qwen3_trn.worker import die_with_launcher
+from qwen3_trn.run.worker import die_with_launcher
 die_with_launcher()
 print("armed", flush=True)
 time.sleep(600)

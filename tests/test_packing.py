@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen3_trn.errors import ConfigError
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.launch.packing import DeviceSlots
 from tests.conftest import run_cli
 

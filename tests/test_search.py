@@ -1,4 +1,4 @@
-"""Hyperparameter searches (``hparams_search=...``, ``qwen3_trn.search``): real Optuna studies of
+"""Hyperparameter searches (``hparams_search=...``, ``qwen3_trn.sweeps.search``): real Optuna studies of
 real ``model=tiny`` trials on the CPU, pruned on their validation losses, resumed from their
 SQLite storage, reported (search.html, best.yaml) and opened in optuna-dashboard."""
 

@@ -1,4 +1,4 @@
-"""Sweeps through the project's sweeper (``qwen3_trn.sweeper``): every job checked before any
+"""Sweeps through the project's sweeper (``qwen3_trn.sweeps.sweeper``): every job checked before any
 starts, a planned sweep as one table, and a sweep directory that resumes (real multiruns)."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import pytest
 
 from qwen3_trn import titan
 from qwen3_trn.config.typed import to_run_config
-from qwen3_trn.convert import compile_warning
+from qwen3_trn.run.convert import compile_warning
 from tests.conftest import REPO, cli_env, compose_config, in_process
 
 PACKAGE = REPO / "qwen3_trn"
@@ -91,7 +91,7 @@ def test_missing_torchtitan_names_are_one_error_before_anything_starts(multirun,
 
 # Every other ``python -m qwen3_trn.<tool>`` that imports torchtitan (qwen3_trn.report does not).
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", ["qwen3_trn.status", "qwen3_trn.verify", "qwen3_trn.rank", "qwen3_trn.sweep", "qwen3_trn.compare"])
+@pytest.mark.parametrize("entry", ["qwen3_trn.status", "qwen3_trn.verify", "qwen3_trn.rank", "qwen3_trn.sweeps.sweep", "qwen3_trn.compare"])
 def test_every_entry_point_names_the_missing_names_with_exit_2(entry, tmp_path):
     assert_one_error_naming_the_missing_names(run_without_names(entry, [str(tmp_path)]))
 

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from qwen3_trn.backends import build_backend
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.config.typed import to_run_config
 from qwen3_trn.devices import planned_device
-from qwen3_trn.errors import ConfigError
 from qwen3_trn.models import torchtitan_neuron
 from tests.conftest import command_in_process, compose_config, in_process
 

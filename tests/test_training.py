@@ -173,7 +173,7 @@ def _records(run_dir):
 def test_a_resumed_start_drops_the_lines_after_its_checkpoint_and_a_torn_last_line(tmp_path):
     """A start resumed from step 2 of a run that was killed while writing step 4: the file keeps
     steps 1-2 of the first start and goes on with the resumed ones, each step once."""
-    from qwen3_trn.metrics import JsonlLogger
+    from qwen3_trn.run.metrics import JsonlLogger
 
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s, "loss": float(s)}) + "\n" for s in (1, 2, 3)) + '{"step": 4, "lo')

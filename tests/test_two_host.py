@@ -63,7 +63,7 @@ def _in_host(cluster: SlurmCluster, node: str) -> list[str]:
 
 
 def _placements(run_dirs: list[Path]) -> dict[int, str]:
-    """rank -> the placement line its log starts with (qwen3_trn.worker.log_placement)."""
+    """rank -> the placement line its log starts with (qwen3_trn.run.worker.log_placement)."""
     found = {}
     for run_dir in run_dirs:
         for log in (run_dir / "logs").glob("rank*.log"):

@@ -14,16 +14,16 @@ import pytest
 from torchtitan.hf_datasets.text_datasets import DATASETS
 
 from qwen3_trn.app import to_run_config
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.data.embedded import validation_corpus_path
 from qwen3_trn.data.sources import held_out_indices, resolve_dataset, resolve_validation_dataset
 from qwen3_trn.data.sources.c4 import C4Source
 from qwen3_trn.data.sources.embedded import EmbeddedSource
 from qwen3_trn.data.sources.files import FilesSource
 from qwen3_trn.data.sources.hub import HubSource
-from qwen3_trn.errors import ConfigError
-from qwen3_trn.metrics import JsonlLogger
-from qwen3_trn.preflight import prepare
-from qwen3_trn.validation import RunValidator, validator_config
+from qwen3_trn.run.metrics import JsonlLogger
+from qwen3_trn.run.preflight import prepare
+from qwen3_trn.run.validation import RunValidator, validator_config
 from tests.conftest import REPO, assert_trained, compose_config, in_process, read_metrics, read_summary, run_in_process
 
 TRAIN = "loss_metrics/global_avg_loss"
@@ -206,10 +206,10 @@ from torchtitan.hf_datasets import DatasetConfig
 from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataLoader
 from qwen3_trn.app import to_run_config
 from qwen3_trn.config.store import register_schema
-from qwen3_trn.convert import compute_dtype, to_trainer_config
+from qwen3_trn.run.convert import compute_dtype, to_trainer_config
 from qwen3_trn.data.embedded import validation_corpus_path
 from qwen3_trn.devices import resolve_device
-from qwen3_trn.layout import resolve_layout
+from qwen3_trn.run.layout import resolve_layout
 
 out_dir, overrides = sys.argv[1], sys.argv[2:]
 register_schema()

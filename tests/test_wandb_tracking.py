@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from qwen3_trn.app import to_run_config
-from qwen3_trn.tracking import plan_tracking
+from qwen3_trn.run.tracking import plan_tracking
 from tests.conftest import command_in_process, compose_config, offline_wandb_files, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,7 +61,7 @@ def test_only_the_metrics_rank_starts_wandb(tmp_path, monkeypatch):
     import torch.distributed as dist
     from torchtitan.components.metrics import WandBLogger
 
-    from qwen3_trn import metrics
+    from qwen3_trn.run import metrics
 
     started = []
 

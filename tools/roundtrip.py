@@ -33,13 +33,13 @@ from typing import Any
 import torch
 
 from qwen3_trn.backends.hf_v5 import HfV5Backend
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.config.schema import DeviceType, ParamDType, RunConfig
-from qwen3_trn.errors import ConfigError
 from qwen3_trn.hf.checkpoint import checkpoint_shapes, safetensors_files
 from qwen3_trn.hf.export import save_hf_weights, write_hf_model_files
 from qwen3_trn.hf.reference import hf_model, in_clean_process, loading_info
 from qwen3_trn.models.hf_config import architecture_from_hf
-from qwen3_trn.records import write_json_atomic
+from qwen3_trn.results.records import write_json_atomic
 from qwen3_trn.verify import LogitCheck, load_into_titan, run_check, single_rank, titan_logits
 
 LM_HEAD = "lm_head.weight"

@@ -1,5 +1,5 @@
 """Hydra instantiates sweepers only from classes defined in the ``hydra_plugins`` namespace:
-this one is the project's sweeper (``qwen3_trn.sweeper.CheckedSweeper``) under that name.
+this one is the project's sweeper (``qwen3_trn.sweeps.sweeper.CheckedSweeper``) under that name.
 
 Hydra imports every module of that namespace on every command, ``--help`` and a mistyped key
 included, so the sweeper's implementation (which imports torch and torchtitan through the
@@ -17,10 +17,10 @@ from omegaconf import DictConfig
 
 
 class Qwen3TrnSweeper(Sweeper):
-    """``hydra/sweeper=qwen3_trn``: grid sweeps with preflight and resume (``qwen3_trn.sweeper``)."""
+    """``hydra/sweeper=qwen3_trn``: grid sweeps with preflight and resume (``qwen3_trn.sweeps.sweeper``)."""
 
     # "<module>:<class>" of the sweeper this one sets up and hands every call to.
-    implementation = "qwen3_trn.sweeper:CheckedSweeper"
+    implementation = "qwen3_trn.sweeps.sweeper:CheckedSweeper"
 
     def __init__(self, **settings: Any) -> None:
         self.settings = settings

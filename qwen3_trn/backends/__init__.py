@@ -6,9 +6,9 @@ once per process (preflight in the parent, the worker in a rank), then handed on
 A new mode is one module here plus its ``conf/backend/<name>.yaml``."""
 
 from qwen3_trn.backends.base import Backend
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.config.options import import_submodules
 from qwen3_trn.config.schema import BackendConfig
-from qwen3_trn.errors import ConfigError
 
 import_submodules(__name__, __path__)
 

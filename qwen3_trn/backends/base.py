@@ -26,7 +26,7 @@ def flavor_architecture(cfg: RunConfig) -> Qwen3Architecture:
 
 
 class ShardingDegrees(Protocol):
-    """The parallel degrees that decide what one rank holds (``qwen3_trn.layout.Layout`` has them)."""
+    """The parallel degrees that decide what one rank holds (``qwen3_trn.run.layout.Layout`` has them)."""
 
     tp: int
     cp: int

@@ -15,10 +15,10 @@ from typing import Any, Callable, get_args
 
 from qwen3_trn.backends.aligned_experts import align_token_groups, moe_token_groups, token_group_alignment
 from qwen3_trn.backends.base import KERNEL_KEY, Backend, flavor_architecture
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.config.option_schemas import HfV5BackendConfig
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.devices import DeviceSpec
-from qwen3_trn.errors import ConfigError
 from qwen3_trn.hf.checkpoint import check_hf_checkpoint
 from qwen3_trn.hf.model import parallelize_keeping_tied_embeddings
 from qwen3_trn.hf.state_dict import Qwen3HFStateDictAdapter

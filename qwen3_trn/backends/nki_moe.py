@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from qwen3_trn.backends.base import Backend, ShardingDegrees
+from qwen3_trn.common.errors import ConfigError, NotApplicable
+from qwen3_trn.common.local_tensors import local_tensor
 from qwen3_trn.config.option_schemas import NkiMoeBackendConfig
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.devices import DeviceSpec
-from qwen3_trn.errors import ConfigError, NotApplicable
 from qwen3_trn.kernels import (
     KernelExpertsConverter,
     KernelGroupedExperts,
@@ -26,7 +27,6 @@ from qwen3_trn.kernels import (
     resolved_kernel_name,
 )
 from qwen3_trn.kernels.moe import GROUPED_MM_TOKEN_ALIGNMENT
-from qwen3_trn.local_tensors import local_tensor
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.attention import inner_attention_config, resolve_attention
 from qwen3_trn.models.qwen3 import native_model_spec

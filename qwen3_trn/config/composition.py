@@ -31,8 +31,8 @@ from hydra.core.override_parser.types import Override
 from hydra.errors import MissingConfigException, OverrideParseException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from qwen3_trn.common.errors import ConfigError, first_line
 from qwen3_trn.config.files import describe_yaml_error, yaml_position
-from qwen3_trn.errors import ConfigError, first_line
 
 KEYS_HINT = "python -m qwen3_trn --cfg job lists every key"
 OVERRIDE_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic"

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from qwen3_trn.errors import ConfigError
+from qwen3_trn.common.errors import ConfigError
 
 
 def read_json_file(path: str | Path, key: str, what: str = "JSON file") -> Any:

@@ -4,7 +4,7 @@
   command ran in, so that ranks (which may start elsewhere: a Slurm node, torchrun) and
   torchtitan (which refuses a relative ``initial_load_path``) get absolute paths;
 - ``path_problems``: every path the run reads exists (data files, tokenizer, checkpoints, initial
-  weights); what is inside is checked by their own readers (``qwen3_trn.inputs``) once the config
+  weights); what is inside is checked by their own readers (``qwen3_trn.run.inputs``) once the config
   is in range.
 
 Light, as the whole config layer: checked before the run's modules are imported.
@@ -17,8 +17,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from qwen3_trn.common.errors import ConfigError, grouped
 from qwen3_trn.config.keys import PathKind, facts, leaves
-from qwen3_trn.errors import ConfigError, grouped
 
 # File suffix -> the `datasets` builder that reads it.
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}

@@ -1,7 +1,7 @@
 """Every number's range, read from its key (``keys.key(..., ge=1)``), checked.
 
 A bound is a number or another key (``le="training.steps"``). ``check_ranges`` runs before
-the run's modules are imported (``qwen3_trn.early``) and again among preflight's checks, so a
+the run's modules are imported (``qwen3_trn.cli.early``) and again among preflight's checks, so a
 value out of range is a ``ConfigError`` naming the key, the bound and the default before
 anything is prepared; every such key is reported at once. Every float key must also be finite
 (no ``inf``/``nan``). Keys of an option the run does not use (``launcher.partition`` with
@@ -14,9 +14,9 @@ import math
 import operator
 from typing import Any
 
+from qwen3_trn.common.errors import ConfigError, grouped
 from qwen3_trn.config.keys import Range, default_of, facts, leaves, schema_fields
 from qwen3_trn.config.schema import RunConfig
-from qwen3_trn.errors import ConfigError, grouped
 
 _COMPARE = {"ge": (operator.ge, ">="), "gt": (operator.gt, ">"), "le": (operator.le, "<="), "lt": (operator.lt, "<")}
 

@@ -173,7 +173,7 @@ class ParallelismConfig:
     pp_microbatch_size: int = key(1, ge=1)
     fsdp_reshard_after_forward: ReshardAfterForward = ReshardAfterForward.default
     # true: choose the degrees above for the ranks given (FSDP first, then TP/EP/PP as the
-    # model needs) so that a step fits the device's memory (qwen3_trn.fit.solver).
+    # model needs) so that a step fits the device's memory (qwen3_trn.run.fit.solver).
     auto: bool = False
 
 
@@ -266,7 +266,7 @@ class CheckpointConfig:
 
 @dataclass
 class ValidationConfig:
-    """Held-out loss through torchtitan's Validator (``qwen3_trn.validation``): after step 1,
+    """Held-out loss through torchtitan's Validator (``qwen3_trn.run.validation``): after step 1,
     every ``interval`` steps and at the last step, on the same tokens each time."""
 
     enable: bool = True
@@ -281,7 +281,7 @@ class ValidationConfig:
 
 @dataclass
 class WandbConfig:
-    """Weights & Biases run settings (``qwen3_trn.tracking``); logged from the metrics rank only."""
+    """Weights & Biases run settings (``qwen3_trn.run.tracking``); logged from the metrics rank only."""
 
     project: str = "qwen3_trn"
     entity: Optional[str] = None
@@ -337,14 +337,14 @@ class DeviceConfig:
     # Memory one device offers, in GiB (None: the device's own figure, host RAM available on
     # CPU, or the accelerator table for a device that is not on this machine).
     memory_gib: Optional[float] = key(None, gt=0)
-    # Which accelerator a planned run targets, a key of qwen3_trn.fit.device_memory.ACCELERATORS
+    # Which accelerator a planned run targets, a key of qwen3_trn.run.fit.device_memory.ACCELERATORS
     # (trn2, trn2-lnc1, trn1, h100, h200, a100-40gb, a100-80gb, ...); None: trn2 / h100.
     accelerator: Optional[str] = None
 
 
 @dataclass
 class FitConfig:
-    """The memory fit check before any worker starts (qwen3_trn.fit)."""
+    """The memory fit check before any worker starts (qwen3_trn.run.fit)."""
 
     # false: start training even when the estimate exceeds a rank's memory.
     check: bool = True
@@ -352,7 +352,7 @@ class FitConfig:
 
 @dataclass
 class TrialConfig:
-    """The Optuna trial a job of a search runs (``qwen3_trn.search``); set by the search sweeper
+    """The Optuna trial a job of a search runs (``qwen3_trn.sweeps.search``); set by the search sweeper
     for each trial, null outside a search. Its validation losses are reported to the trial,
     whose pruner may stop the run (status ``pruned``)."""
 
@@ -364,7 +364,7 @@ class TrialConfig:
 
 @dataclass
 class SweepConfig:
-    """How a multirun treats its jobs (``qwen3_trn.sweeper``)."""
+    """How a multirun treats its jobs (``qwen3_trn.sweeps.sweeper``)."""
 
     # false: one invalid job stops the sweep before any job starts; true: the valid jobs run and
     # the invalid ones are recorded as skipped.

@@ -24,7 +24,7 @@ SEARCH_SWEEPER_NAME = "qwen3_trn_search"
 @dataclass
 class CheckedSweeperConf:
     """``hydra/sweeper=qwen3_trn`` (the default): Hydra's basic sweeper's settings, with
-    preflight and resume (``qwen3_trn.sweeper``)."""
+    preflight and resume (``qwen3_trn.sweeps.sweeper``)."""
 
     _target_: str = "hydra_plugins.qwen3_trn_sweeper.Qwen3TrnSweeper"
     max_batch_size: Optional[int] = key(None, ge=1)
@@ -35,7 +35,7 @@ class CheckedSweeperConf:
 class SearchSweeperConf:
     """``hydra/sweeper=qwen3_trn_search`` (chosen by ``hparams_search=<name>``): an Optuna study
     of ``n_trials`` trials over ``params`` (Hydra's sweep grammar), minimising the final
-    validation loss, with the sampler and pruner named here (``qwen3_trn.search``)."""
+    validation loss, with the sampler and pruner named here (``qwen3_trn.sweeps.search``)."""
 
     _target_: str = "hydra_plugins.qwen3_trn_search.Qwen3TrnSearchSweeper"
     n_trials: int = key(10, ge=1)
@@ -51,7 +51,7 @@ class SearchSweeperConf:
 
 
 # The schema of each sweeper, by the ``_target_`` Hydra instantiates (its keys' ranges are
-# checked when a multirun starts: ``qwen3_trn.early``).
+# checked when a multirun starts: ``qwen3_trn.cli.early``).
 SWEEPER_SCHEMAS: dict[str, type] = {schema._target_: schema for schema in (CheckedSweeperConf, SearchSweeperConf)}
 
 

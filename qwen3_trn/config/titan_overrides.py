@@ -10,7 +10,7 @@ import dataclasses
 import difflib
 from typing import Any, Iterator
 
-from qwen3_trn.errors import ConfigError
+from qwen3_trn.common.errors import ConfigError
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:

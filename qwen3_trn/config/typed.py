@@ -14,11 +14,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.config.composition import describe_value_problem
 from qwen3_trn.config.keys import hint_of
 from qwen3_trn.config.ranges import check_ranges as check_key_ranges
 from qwen3_trn.config.schema import RunConfig, option_groups
-from qwen3_trn.errors import ConfigError
 
 
 def run_config_from_container(plain: dict[str, Any], check_ranges: bool = True) -> RunConfig:

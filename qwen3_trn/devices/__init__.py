@@ -14,9 +14,9 @@ from typing import Callable
 
 import torch
 
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.devices import cpu, neuron
 from qwen3_trn.devices.base import DeviceSpec
-from qwen3_trn.errors import ConfigError
 
 __all__ = [
     "DeviceSpec",

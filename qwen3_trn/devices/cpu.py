@@ -19,8 +19,8 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter  # what set_custom_reduce_scatter takes
 
-from qwen3_trn.allocator import retain_freed_memory
-from qwen3_trn.records import cache_dir, write_json_atomic
+from qwen3_trn.common.allocator import retain_freed_memory
+from qwen3_trn.results.records import cache_dir, write_json_atomic
 from qwen3_trn.titan import ModelSpec
 
 _PROC_STATUS = Path("/proc/self/status")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qwen3_trn.errors import ConfigError
+from qwen3_trn.common.errors import ConfigError
 
 # Keys a checkpoint may carry or lack without changing the model.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 
 from qwen3_trn.checkpointing import GuardedCheckpointManager
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.config.schema import CheckpointConfig
-from qwen3_trn.errors import ConfigError
 from qwen3_trn.titan import MODEL, TORCH_DTYPE_MAP, AsyncMode, logger, replaces_checkpoint_save
 
 TOKENIZER_FILES = (

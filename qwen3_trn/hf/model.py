@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qwen3_trn.local_tensors import local_tensor
+from qwen3_trn.common.local_tensors import local_tensor
 from qwen3_trn.titan import _EMBEDDING_INIT, _LINEAR_INIT, _NORM_INIT, MoE, _residual_output_weight_init
 
 

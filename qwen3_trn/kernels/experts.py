@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from qwen3_trn.local_tensors import local_tensor
+from qwen3_trn.common.local_tensors import local_tensor
 from qwen3_trn.models.qwen3 import init_fields, replace_grouped_experts
 from qwen3_trn.titan import GroupedExperts, ModelConfigConverter, Module, expert_weights, replaces_expert_math
 

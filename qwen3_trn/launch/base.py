@@ -25,9 +25,9 @@ from typing import Any, ClassVar
 
 from qwen3_trn.config.options import Configurable
 from qwen3_trn.config.schema import LauncherConfig, RunConfig
-from qwen3_trn.layout import Layout
-from qwen3_trn.preflight import Prepared
-from qwen3_trn.records import JOB_SECTION, RunStatus, update_summary
+from qwen3_trn.results.records import JOB_SECTION, RunStatus, update_summary
+from qwen3_trn.run.layout import Layout
+from qwen3_trn.run.preflight import Prepared
 from qwen3_trn.titan import Trainer
 
 

@@ -6,17 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.config.option_schemas import LocalLauncherConfig
 from qwen3_trn.config.schema import Mode, RunConfig
 from qwen3_trn.devices import resolve_device
-from qwen3_trn.errors import ConfigError
 from qwen3_trn.launch.base import LaunchDescription, Launcher
 from qwen3_trn.launch.node import start_node_ranks, torchrun_command
-from qwen3_trn.layout import Layout
-from qwen3_trn.preflight import Prepared
-from qwen3_trn.records import CONFIG_FILE, RunStatus, settle_died
+from qwen3_trn.results.records import CONFIG_FILE, RunStatus, settle_died
+from qwen3_trn.run.layout import Layout
+from qwen3_trn.run.preflight import Prepared
+from qwen3_trn.run.worker import WorkerJob
 from qwen3_trn.titan import Trainer
-from qwen3_trn.worker import WorkerJob
 
 
 class LocalLauncher(Launcher):

@@ -19,15 +19,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
+from qwen3_trn.common.errors import RunInterrupted
+from qwen3_trn.common.redact import looks_secret, passed_env
 from qwen3_trn.config.schema import LauncherConfig, RendezvousBackend
 from qwen3_trn.devices import resolve_device
-from qwen3_trn.errors import RunInterrupted
 from qwen3_trn.launch.packing import SLICE_BINDERS, DeviceSlots, default_lock_dir
-from qwen3_trn.layout import Layout
-from qwen3_trn.records import DEVICE_SLICE_FILE, LOGS_DIR, prune_empty_dirs, write_json_atomic
-from qwen3_trn.redact import looks_secret, passed_env
+from qwen3_trn.results.records import DEVICE_SLICE_FILE, LOGS_DIR, prune_empty_dirs, write_json_atomic
+from qwen3_trn.run.layout import Layout
+from qwen3_trn.run.worker import WorkerJob, run_worker
 from qwen3_trn.titan import Trainer
-from qwen3_trn.worker import WorkerJob, run_worker
 
 
 def free_port() -> int:

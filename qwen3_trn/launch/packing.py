@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from qwen3_trn.errors import ConfigError
-from qwen3_trn.records import SLOTS_DIR_ENV
+from qwen3_trn.common.errors import ConfigError
+from qwen3_trn.results.records import SLOTS_DIR_ENV
 
 
 def _cpu_slice(slots: list[int]) -> dict[str, str]:

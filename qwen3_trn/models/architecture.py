@@ -20,8 +20,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
+from qwen3_trn.common.errors import ConfigError, NotApplicable
 from qwen3_trn.config.schema import ModelConfig
-from qwen3_trn.errors import ConfigError, NotApplicable
 from qwen3_trn.titan import Qwen3Model, qwen3_configs
 
 FLAVORS = tuple(qwen3_configs)

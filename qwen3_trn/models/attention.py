@@ -8,7 +8,7 @@ the trainer then builds no masks and attention spans document boundaries in a pa
 
 from __future__ import annotations
 
-from qwen3_trn.errors import ConfigError
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.titan import Module, attention_config
 
 ATTENTION_BACKENDS = ("sdpa", "flex", "flex_flash", "varlen")

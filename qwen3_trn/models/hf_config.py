@@ -5,7 +5,7 @@ derived from the same numbers as the native model, each written to and read from
 row of ``architecture.FIELDS`` names:
 
 * without ``model.hf_model``: the ``model`` group's flavor and overrides
-  (``qwen3_trn.convert.architecture``), so ``model=0.6B model.n_layers=2`` is the same
+  (``qwen3_trn.run.convert.architecture``), so ``model=0.6B model.n_layers=2`` is the same
   architecture in both modes;
 * with ``model.hf_model`` (a hub id or a local directory holding ``config.json``): that HF
   config replaces the flavor's numbers, and the ``model`` group's explicit overrides
@@ -27,11 +27,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.config.files import read_json_file
 from qwen3_trn.config.schema import ModelConfig
-from qwen3_trn.errors import ConfigError
 from qwen3_trn.models.architecture import FIELDS, Qwen3Architecture, fields_of, names_of
-from qwen3_trn.records import cache_dir
+from qwen3_trn.results.records import cache_dir
 
 DENSE_ARCHITECTURE = "Qwen3ForCausalLM"
 MOE_ARCHITECTURE = "Qwen3MoeForCausalLM"

@@ -21,8 +21,8 @@ import importlib
 import inspect
 from typing import Any, Callable
 
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.config.schema import CompileConfig, RunConfig
-from qwen3_trn.errors import ConfigError
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.titan import CompileConfig as TitanCompileConfig
 from qwen3_trn.titan import ModelSpec

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qwen3_trn.records import write_text_atomic
 from qwen3_trn.report.runs import Collection, ReportError, RunData, collect
+from qwen3_trn.results.records import write_text_atomic
 
 __all__ = ["build_report", "Collection", "ReportError", "ReportResult", "RunData", "collect"]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from qwen3_trn.report.figures import GRID_FIGURES, final_loss_key, grid_keys, ordered_values, trained
 from qwen3_trn.report.quantities import QUANTITIES
 from qwen3_trn.report.runs import Collection
-from qwen3_trn.tracking import wandb_api_key
+from qwen3_trn.run.tracking import wandb_api_key
 
 
 def _offline_dirs(collection: Collection) -> list[Path]:
@@ -123,7 +123,7 @@ def report_panels(wr, collection: Collection) -> list:
 def wandb_report(wr, collection: Collection, project: str, entity: str | None, title: str | None):
     """The wandb Report object (built offline; ``save()`` publishes it): the runs grouped by the
     swept keys, with the local report's panels."""
-    # each run's config has run.params: its overrides as key -> value (qwen3_trn.tracking); the
+    # each run's config has run.params: its overrides as key -> value (qwen3_trn.run.tracking); the
     # seeds of a config are one group, which wandb draws as their mean and range
     runset_kwargs = dict(project=project, groupby=[f"config.run.params.{k}" for k in collection.config_keys])
     if entity:

@@ -1,4 +1,4 @@
-"""The figures a report shows of each run (``summary.json`` / ``qwen3_trn.records.summarize``):
+"""The figures a report shows of each run (``summary.json`` / ``qwen3_trn.results.records.summarize``):
 name, unit, which direction is better and how to write the number. Every plot, table and
 heatmap of the report reads them from here, and so does the seed statistics (``Spread``): the
 mean over a config's seeds and their range, and whether two configs differ beyond it.

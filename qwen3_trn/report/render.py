@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from qwen3_trn.config.overrides import SEED_KEY
-from qwen3_trn.records import write_text_atomic
 from qwen3_trn.report.figures import HeatmapCell, Plot
 from qwen3_trn.report.figures import make_plots as _make_plots
 from qwen3_trn.report.quantities import MARKS_LEGEND, QUANTITIES, marks
 from qwen3_trn.report.runs import Collection, RunData
+from qwen3_trn.results.records import write_text_atomic
 
 # Columns shown with a short form in HTML and Markdown (the CSV keeps the full value).
 SHORT = {"validation_tokens_sha256": 12}

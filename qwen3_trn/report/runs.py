@@ -1,7 +1,7 @@
 """Finding runs (a sweep directory, run directories, or folders holding them) and loading each
 one from its own record: ``metrics.jsonl`` (per step) and ``summary.json`` (the run's facts),
 plus ``overrides.yaml`` / ``job.json`` for what was swept and how the job ended, each read
-through ``qwen3_trn.records``."""
+through ``qwen3_trn.results.records``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from qwen3_trn.config.overrides import SEED_KEY
-from qwen3_trn.records import read_job_record, read_manifest, read_summary, summarize
 from qwen3_trn.report.quantities import Spread, spread
+from qwen3_trn.results.records import read_job_record, read_manifest, read_summary, summarize
 
 RUN_FILES = ("config.yaml", "summary.json", "metrics.jsonl", "job.json", "overrides.yaml")
 

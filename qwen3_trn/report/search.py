@@ -1,4 +1,4 @@
-"""The report of a hyperparameter search (``qwen3_trn.search``), from its Optuna study and its
+"""The report of a hyperparameter search (``qwen3_trn.sweeps.search``), from its Optuna study and its
 trials' run directories: ``search.html`` and ``search.md`` in the sweep directory, and
 ``best.yaml`` (the best trial's value, parameters, overrides and composed config).
 
@@ -27,9 +27,9 @@ import optuna
 import yaml
 from optuna.trial import TrialState
 
-from qwen3_trn.records import CONFIG_FILE, read_metrics, write_text_atomic
 from qwen3_trn.report.figures import _pyplot, _svg
 from qwen3_trn.report.quantities import QUANTITIES
+from qwen3_trn.results.records import CONFIG_FILE, read_metrics, write_text_atomic
 
 BEST_FILE = "best.yaml"
 SEARCH_HTML = "search.html"

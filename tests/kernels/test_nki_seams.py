@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from qwen3_trn.app import execute, to_run_config
-from qwen3_trn.errors import ConfigError
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.kernels import DEVICE_KERNELS, KERNELS, KernelGroupedExperts, layouts, nki_moe
 from qwen3_trn.kernels.nki_moe import (
     NKI_KERNEL_LIMITS,
@@ -20,7 +20,7 @@ from qwen3_trn.kernels.nki_moe import (
     check_nki_moe_shapes,
     probe_nki,
 )
-from qwen3_trn.preflight import prepare
+from qwen3_trn.run.preflight import prepare
 from tests.conftest import compose_config, in_process
 from tests.kernels import neuron_stand_ins as stand_ins
 

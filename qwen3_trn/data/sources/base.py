@@ -26,11 +26,11 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any, Callable, ClassVar
 
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.config.option_schemas import SplitSourceConfig
 from qwen3_trn.config.options import Configurable
 from qwen3_trn.config.paths import builder_of, local_data_files
 from qwen3_trn.config.schema import DataConfig, Mode
-from qwen3_trn.errors import ConfigError
 from qwen3_trn.titan import DATASETS, DatasetConfig
 
 # Documents a streamed dataset shuffles among (Hugging Face's shuffle buffer).

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.config.option_schemas import C4SourceConfig
 from qwen3_trn.data.sources.base import DataSource, ResolvedDataset
-from qwen3_trn.errors import ConfigError
 
 # data.split -> torchtitan's dataset of it
 C4_SPLITS = {"train": "c4", "validation": "c4_validation"}

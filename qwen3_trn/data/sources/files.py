@@ -14,12 +14,12 @@ from typing import Any
 
 from datasets import load_dataset
 
+from qwen3_trn.common.errors import ConfigError, first_line
+from qwen3_trn.common.quiet import logging_disabled
 from qwen3_trn.config.keys import hint_of
 from qwen3_trn.config.option_schemas import FilesSourceConfig
 from qwen3_trn.config.schema import Mode
 from qwen3_trn.data.sources.base import Documents, SplitSource, builder_of, local_data_files, local_files
-from qwen3_trn.errors import ConfigError, first_line
-from qwen3_trn.quiet import logging_disabled
 
 # How many records of the data are read before the ranks start.
 PROBED_RECORDS = 8

@@ -9,12 +9,12 @@ from functools import partial
 
 from datasets import load_dataset, load_dataset_builder
 
+from qwen3_trn.common.errors import ConfigError, first_line
+from qwen3_trn.common.quiet import logging_disabled
 from qwen3_trn.config.keys import hint_of
 from qwen3_trn.config.option_schemas import HubSourceConfig
 from qwen3_trn.config.schema import Mode
 from qwen3_trn.data.sources.base import Documents, SplitSource
-from qwen3_trn.errors import ConfigError, first_line
-from qwen3_trn.quiet import logging_disabled
 
 
 def _load_hub(subset: str | None, split: str, streaming: bool, path: str):

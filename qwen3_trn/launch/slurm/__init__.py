@@ -25,9 +25,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.config.option_schemas import SlurmLauncherConfig
 from qwen3_trn.config.schema import Mode, RunConfig
-from qwen3_trn.errors import ConfigError
 from qwen3_trn.launch.base import LaunchDescription, Launcher
 from qwen3_trn.launch.node import environment, torchrun_command
 from qwen3_trn.launch.slurm.job import SlurmTrainJob
@@ -41,9 +41,9 @@ from qwen3_trn.launch.slurm.submission import (
     secret_env,
     where,
 )
-from qwen3_trn.layout import Layout
-from qwen3_trn.preflight import Prepared
-from qwen3_trn.records import CONFIG_FILE, RunStatus
+from qwen3_trn.results.records import CONFIG_FILE, RunStatus
+from qwen3_trn.run.layout import Layout
+from qwen3_trn.run.preflight import Prepared
 from qwen3_trn.titan import Trainer
 
 __all__ = ["SLURM_DIR", "SlurmJobEnded", "SlurmLauncher", "SlurmTrainJob", "sbatch_script"]

@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from qwen3_trn.errors import RunInterrupted, describe_error
+from qwen3_trn.common.errors import RunInterrupted, describe_error
+from qwen3_trn.common.redact import passed_env
 from qwen3_trn.launch.base import Launcher
 from qwen3_trn.launch.node import start_node_ranks, with_rendezvous
 from qwen3_trn.launch.slurm.submission import rendezvous_port
-from qwen3_trn.preflight import resolve
-from qwen3_trn.records import (
+from qwen3_trn.results.records import (
     CONFIG_FILE,
     LAUNCH_TIME_ENV,
     RunStatus,
@@ -32,8 +32,8 @@ from qwen3_trn.records import (
     summarize,
     update_summary,
 )
-from qwen3_trn.redact import passed_env
-from qwen3_trn.worker import WorkerJob
+from qwen3_trn.run.preflight import resolve
+from qwen3_trn.run.worker import WorkerJob
 
 
 class TermWatch:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from qwen3_trn.launch.base import Launcher
-from qwen3_trn.records import IN_FLIGHT_STATUSES, RunStatus, died_figures, job_section, read_summary
+from qwen3_trn.results.records import IN_FLIGHT_STATUSES, RunStatus, died_figures, job_section, read_summary
 
 # Slurm job state -> the run's status.
 _PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD", "SUSPENDED", "STOPPED", "SPECIAL_EXIT"}
@@ -83,7 +83,7 @@ def node_errors(job: dict[str, Any]) -> str | None:
     if not errors:
         return None
 
-    def killed(error: Any) -> bool:  # qwen3_trn.errors.describe_error's words, or torch elastic's
+    def killed(error: Any) -> bool:  # qwen3_trn.common.errors.describe_error's words, or torch elastic's
         return bool(re.search(r"killed by SIG|Signal \d+ \(SIG", str(error)))
 
     order = sorted(errors.items(), key=lambda item: (not killed(item[1].get("error")), item[1].get("time", 0)))

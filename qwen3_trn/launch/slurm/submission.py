@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from qwen3_trn.common.errors import ConfigError
+from qwen3_trn.common.redact import is_redacted, looks_secret
 from qwen3_trn.config.schema import RunConfig
-from qwen3_trn.errors import ConfigError
-from qwen3_trn.redact import is_redacted, looks_secret
 
 COMMANDS = ("sbatch", "sinfo", "srun", "sacct", "squeue")
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"

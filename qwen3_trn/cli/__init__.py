@@ -1,0 +1,1 @@
+"""The light front of every command: bad input answered before torch is imported; exit statuses."""

@@ -1,0 +1,1 @@
+"""Small helpers every layer uses: errors, redaction, quiet imports, the host allocator."""

@@ -1,0 +1,164 @@
+"""Secrets never reach a file: values of secret-looking environment variables are redacted.
+
+A variable looks secret when its name contains TOKEN, KEY, SECRET, PASSWORD, PASSWD, CREDENTIAL
+or PRIVATE (``WANDB_API_KEY``, ``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``). Such values, from this
+process's environment or from ``launcher.env``, still reach the ranks and Slurm jobs through
+their environment; in what the project writes they are replaced:
+
+- structurally: ``launcher.env`` entries (and any config leaf) with a secret-looking name and
+  ``key=value`` overrides of such keys read ``<redacted>``;
+- by value, as a last guard in every writer of ``qwen3_trn.results.records`` and in the rank logs: any
+  known secret value (8 characters or more, and not a path that exists) found in the text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import sys
+from typing import Any, Iterable, Mapping
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+REDACTED = "<redacted>"
+SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|PRIVATE", re.IGNORECASE)
+# Shorter values are left alone by the value scrub (they would match ordinary text); the
+# structural redaction covers them.
+MIN_SCRUBBED_LENGTH = 8
+
+_registered: set[str] = set()
+
+
+def looks_secret(name: str) -> bool:
+    return bool(SECRET_NAME.search(str(name)))
+
+
+def is_redacted(value: Any) -> bool:
+    return value == REDACTED
+
+
+def passed_env(env: Mapping[str, Any]) -> dict[str, str]:
+    """What a process exports of a (saved) ``launcher.env``: redacted entries are left out,
+    their values come with the environment the process was started in."""
+    return {str(key): str(value) for key, value in env.items() if not is_redacted(value)}
+
+
+def redact_tree(node: Any) -> Any:
+    """A plain config tree (dicts and lists) with every leaf under a secret-looking key redacted."""
+    if isinstance(node, dict):
+        return {
+            k: (REDACTED if looks_secret(k) and not isinstance(v, (dict, list)) and v is not None else redact_tree(v))
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [redact_tree(v) for v in node]
+    return node
+
+
+def redact_dump(node: Any) -> Any:
+    """A dumped config or override list (Hydra's own files): secret keys and ``key=value``
+    strings of secret keys redacted."""
+    node = redact_tree(node)
+    if isinstance(node, dict):
+        return {k: redact_dump(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [redact_dump(v) for v in node]
+    return redact_override(node) if isinstance(node, str) else node
+
+
+def redact_override(override: str) -> str:
+    """``+launcher.env.HF_TOKEN=hf_x`` -> ``+launcher.env.HF_TOKEN=<redacted>``, and
+    ``+launcher.env={HF_TOKEN: hf_x, A: b}`` -> ``+launcher.env={HF_TOKEN: '<redacted>', A: b}``."""
+    key, sep, value = str(override).partition("=")
+    if not sep:
+        return str(override)
+    if looks_secret(key.lstrip("+~").rsplit(".", 1)[-1]):
+        return f"{key}={REDACTED}"
+    if "{" in value:  # a dict value may hold secret keys
+        try:
+            parsed = OverridesParser.create().parse_override(str(override)).value()
+        except Exception:  # noqa: BLE001 - not an override Hydra can read: no structure to redact
+            return str(override)
+        redacted = redact_tree(parsed)
+        if redacted != parsed:
+            return f"{key}={_override_value(redacted)}"
+    return str(override)
+
+
+def _override_value(node: Any) -> str:
+    """A plain value in Hydra's override syntax (strings quoted)."""
+    if isinstance(node, dict):
+        return "{" + ", ".join(f"{k}: {_override_value(v)}" for k, v in node.items()) + "}"
+    if isinstance(node, list):
+        return "[" + ", ".join(_override_value(v) for v in node) + "]"
+    if isinstance(node, str):
+        return "'" + node.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return "null" if node is None else json.dumps(node)
+
+
+def redact_overrides(overrides: Iterable[str]) -> list[str]:
+    return [redact_override(o) for o in overrides]
+
+
+def redact_argv() -> None:
+    """This process's ``sys.argv`` with secret overrides redacted, once the command line has
+    been parsed: libraries that record it (wandb's run metadata) then never see the values."""
+    sys.argv[1:] = redact_overrides(sys.argv[1:])
+
+
+def remember(values: Iterable[Any]) -> None:
+    """Values to scrub besides the environment's (``launcher.env`` values of this run)."""
+    _registered.update(str(v) for v in values if v is not None and not is_redacted(v))
+
+
+def remember_env(env: Mapping[str, Any]) -> None:
+    remember(value for key, value in env.items() if looks_secret(key))
+
+
+def _scrubbable(value: str) -> bool:
+    return len(value) >= MIN_SCRUBBED_LENGTH and not os.path.exists(value)
+
+
+def secret_values() -> list[str]:
+    """Every known secret value, longest first."""
+    values = {v for k, v in os.environ.items() if looks_secret(k)} | _registered
+    return sorted((v for v in values if _scrubbable(v)), key=len, reverse=True)
+
+
+def _forms(value: str) -> set[str]:
+    """The value as it appears in text, JSON strings and shell words."""
+    return {value, json.dumps(value)[1:-1], shlex.quote(value)}
+
+
+def scrub(text: str) -> str:
+    """``text`` with every known secret value replaced by ``<redacted>``."""
+    for value in secret_values():
+        for form in _forms(value):
+            if form and form in text:
+                text = text.replace(form, REDACTED)
+    return text
+
+
+class RedactingFormatter(logging.Formatter):
+    """A log formatter whose lines never carry a secret value."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return scrub(super().format(record))
+
+
+class RedactingFilter(logging.Filter):
+    """A handler filter that scrubs the messages of other libraries' loggers (Hydra's job
+    launch lines list every override)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = scrub(record.getMessage()), ()
+        return True
+
+
+def redact_log_handlers(logger: logging.Logger | None = None) -> None:
+    for handler in (logger or logging.getLogger()).handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())

@@ -1,0 +1,1 @@
+"""A run directory's records, and settling runs whose processes are gone."""

@@ -1,0 +1,46 @@
+"""A closed-form activation profile: the quick screen before the probe, and its fallback.
+
+Bytes per token, in units of the compute dtype's element size, fitted to ``fit.probe``'s
+measurements of torchtitan's Qwen3 (debugmodel/tiny shapes with dim, heads, hidden size,
+experts and top_k varied one at a time, bf16 compute, no activation checkpointing):
+
+    dense block  10 dim + 6 (q + kv) + 4 hidden
+    MoE block    10 dim + 6 (q + kv) + top_k (3 dim + 4 moe_hidden) + 2 num_experts (fp32 router scores)
+    full AC      1 dim per block (its input), plus one block recomputed in backward
+    selective AC a quarter of the block
+    fixed        6 dim (embedding output, final norm, fp32 gradient accumulator of the chunked
+                 loss) + 3 x vocab / loss chunks in fp32 (one chunk's logits and their gradient)
+
+It is a hand model, so it is used only where it cannot change the answer (the estimate is far
+below or far above the device's memory) or where the probe cannot run; the estimate records
+which one was used.
+"""
+
+from __future__ import annotations
+
+from qwen3_trn.models.architecture import Qwen3Architecture
+from qwen3_trn.run.fit.probe import ActivationProfile
+
+LOSS_CHUNKS = 8
+AC_SHARE = {"none": 1.0, "selective": 0.25}
+
+
+def block_elements(arch: Qwen3Architecture) -> int:
+    attention = 10 * arch.dim + 6 * (arch.n_heads + arch.n_kv_heads) * arch.head_dim
+    if arch.is_moe:
+        return attention + arch.top_k * (3 * arch.dim + 4 * arch.moe_hidden_dim) + 2 * arch.num_experts
+    return attention + 4 * arch.hidden_dim
+
+
+def analytic_profile(
+    arch: Qwen3Architecture, compute_bytes: int, activation_checkpoint: str, batch: int, seq_len: int
+) -> ActivationProfile:
+    tokens = batch * seq_len
+    block = block_elements(arch) * compute_bytes * tokens
+    fixed = tokens * (6 * arch.dim * compute_bytes + 3 * 4 * arch.vocab_size // LOSS_CHUNKS)
+    if activation_checkpoint == "full":
+        per_layer, fixed = arch.dim * compute_bytes * tokens, fixed + block
+    else:
+        per_layer = int(block * AC_SHARE[activation_checkpoint])
+        fixed += block - per_layer
+    return ActivationProfile(per_layer=per_layer, fixed=fixed, batch=batch, seq_len=seq_len)

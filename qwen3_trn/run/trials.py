@@ -1,0 +1,101 @@
+"""Optuna inside a run: the pruner and sampler a search names, and the trial a run reports to.
+
+The search sweeper (``qwen3_trn.sweeps.search``) keeps its study in a storage every job can open
+(``sqlite:///<sweep dir>/optuna.db``) and records there how it prunes (the study's user
+attribute ``pruner``). A job of the search (``sweep.trial`` set) opens the same study with the
+same pruner, reports each validation loss to its trial and asks whether to stop
+(``TrialReporter.report``); ``TrialPruned`` then ends the run with status ``pruned``.
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from qwen3_trn.common.errors import ConfigError
+from qwen3_trn.results.records import RunStatus
+
+# hydra.sweeper.pruner.name -> Optuna's pruner class; the other keys are its arguments.
+PRUNERS = {
+    "median": optuna.pruners.MedianPruner,
+    "percentile": optuna.pruners.PercentilePruner,
+    "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+    "hyperband": optuna.pruners.HyperbandPruner,
+    "threshold": optuna.pruners.ThresholdPruner,
+    "none": optuna.pruners.NopPruner,
+}
+# hydra.sweeper.sampler.name -> Optuna's sampler class; the other keys are its arguments.
+SAMPLERS = {
+    "tpe": optuna.samplers.TPESampler,
+    "random": optuna.samplers.RandomSampler,
+    "cmaes": optuna.samplers.CmaEsSampler,
+    "qmc": optuna.samplers.QMCSampler,
+}
+PRUNER_ATTR = "pruner"
+# The trial's user attribute naming the run directory of its job: how a job finds its trial.
+RUN_DIR_ATTR = "run_dir"
+
+
+def _build(kind: str, table: dict[str, Any], spec: dict[str, Any] | None, default: str) -> Any:
+    spec = dict(spec or {})
+    name = str(spec.pop("name", default))
+    if name not in table:
+        raise ConfigError(f"hydra.sweeper.{kind}.name", f"unknown {kind} '{name}'; one of: {', '.join(table)}.")
+    try:
+        return table[name](**spec)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"hydra.sweeper.{kind}", f"Optuna's {table[name].__name__} refused {spec}: {exc}") from None
+
+
+def make_pruner(spec: dict[str, Any] | None) -> optuna.pruners.BasePruner:
+    """``{name: median, n_startup_trials: 2, n_warmup_steps: 4}`` -> ``MedianPruner(...)``."""
+    return _build("pruner", PRUNERS, spec, "none")
+
+
+def make_sampler(spec: dict[str, Any] | None) -> optuna.samplers.BaseSampler:
+    """``{name: tpe, seed: 0}`` -> ``TPESampler(seed=0)``."""
+    return _build("sampler", SAMPLERS, spec, "tpe")
+
+
+class TrialPruned(SystemExit):
+    """Raised on every rank of a pruned trial: the run ends, its status ``pruned`` (not failed).
+    A ``SystemExit``: the run has recorded why (summary.json's ``pruned``), it is no error."""
+
+    run_status = RunStatus.pruned
+
+
+class TrialReporter:
+    """One trial of a study, opened from its storage on first use (by the metrics rank only):
+    trial ``number`` when given, else the running trial whose ``run_dir`` is this run's."""
+
+    def __init__(self, storage: str, study: str, number: int | None, run_dir: str) -> None:
+        self.storage, self.study_name, self.number, self.run_dir = storage, study, number, str(Path(run_dir).resolve())
+        self._trial: optuna.trial.Trial | None = None
+
+    def _open(self) -> optuna.trial.Trial:
+        if self._trial is None:
+            study = optuna.load_study(study_name=self.study_name, storage=self.storage)
+            study.pruner = make_pruner(study.user_attrs.get(PRUNER_ATTR))
+            trials = study.get_trials(deepcopy=False)
+            if self.number is not None:
+                found = [t for t in trials if t.number == self.number]
+            else:
+                found = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get(RUN_DIR_ATTR) == self.run_dir]
+            if not found:
+                raise ConfigError("sweep.trial", f"study {self.study_name} ({self.storage}) has no running trial for {self.run_dir}.")
+            self.number = found[-1].number
+            self._trial = optuna.trial.Trial(study, found[-1]._trial_id)
+        return self._trial
+
+    def report(self, value: float, step: int) -> bool:
+        """Report a validation loss at ``step``; whether the pruner stops the trial here."""
+        trial = self._open()
+        trial.report(value, step)
+        return trial.should_prune()
+
+
+__all__ = ["PRUNER_ATTR", "RUN_DIR_ATTR", "PRUNERS", "SAMPLERS", "TrialPruned", "TrialReporter", "make_pruner", "make_sampler"]
