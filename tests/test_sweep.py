@@ -269,7 +269,7 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path):
 
     # the summary can be printed again from the manifest, with the same exit status
     again = subprocess.run(
-        [sys.executable, "-m", "qwen3_trn.sweeps.sweep", str(sweep_dir)],
+        [sys.executable, "-m", "qwen3_trn.sweeps", str(sweep_dir)],
         cwd=Path(__file__).resolve().parents[1],
         capture_output=True,
         text=True,

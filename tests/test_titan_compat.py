@@ -91,7 +91,7 @@ def test_missing_torchtitan_names_are_one_error_before_anything_starts(multirun,
 
 # Every other ``python -m qwen3_trn.<tool>`` that imports torchtitan (qwen3_trn.report does not).
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", ["qwen3_trn.status", "qwen3_trn.verify", "qwen3_trn.rank", "qwen3_trn.sweeps.sweep", "qwen3_trn.compare"])
+@pytest.mark.parametrize("entry", ["qwen3_trn.status", "qwen3_trn.verify", "qwen3_trn.rank", "qwen3_trn.sweeps", "qwen3_trn.compare"])
 def test_every_entry_point_names_the_missing_names_with_exit_2(entry, tmp_path):
     assert_one_error_naming_the_missing_names(run_without_names(entry, [str(tmp_path)]))
 
