@@ -23,7 +23,7 @@ exec_with_tcmalloc()
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from qwen3_trn.cli.early import answer_early, no_run_dir_left  # noqa: E402
+from qwen3_trn.cli.early import answer_early, every_problem, no_run_dir_left  # noqa: E402
 from qwen3_trn.cli.exits import exit_status  # noqa: E402
 from qwen3_trn.config.composition import refuse_shadowed_config_files  # noqa: E402
 from qwen3_trn.config.store import register_schema  # noqa: E402
@@ -35,10 +35,14 @@ register_schema()
 # the package ``qwen3_trn.conf`` when the entry point is the installed ``qwen3-trn`` script,
 # which Hydra refuses without an __init__.py in conf/.
 CONF_DIR = Path(__file__).resolve().parent / "conf"
+# Whether Hydra composed the config and called the task function (then a problem is the run's).
+composed = False
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
+    global composed
+    composed = True
     # A single run's config typed and its ranges and paths checked first (qwen3_trn.cli.early), so
     # that such bad input is answered before the run's modules load. Imported here, not above:
     # they load only for a config that passed and a command that runs it. A ConfigError raised on
@@ -62,6 +66,12 @@ def config_dirs(argv: list[str]) -> list[Path]:
     return [*dirs, CONF_DIR]
 
 
+def plain_overrides(argv: list[str]) -> list[str] | None:
+    """The overrides of a single run's command line with no other flag, else None (a multirun,
+    --config-dir, --cfg: the first composition problem is reported alone)."""
+    return None if any(arg.startswith("-") for arg in argv) else argv
+
+
 def main() -> None:
     if os.environ.get("HYDRA_FULL_ERROR"):
         os.environ.setdefault(TRACEBACK_ENV, "1")  # the user asked for tracebacks
@@ -69,7 +79,13 @@ def main() -> None:
     search_dirs = config_dirs(sys.argv[1:])
     with exit_status(search_dirs):
         refuse_shadowed_config_files(search_dirs, CONF_DIR)
-        hydra_main()
+        try:
+            hydra_main()
+        except Exception as exc:
+            overrides = plain_overrides(sys.argv[1:])
+            if composed or overrides is None or os.environ.get(TRACEBACK_ENV):
+                raise
+            raise every_problem(exc, overrides, CONF_DIR) from exc
 
 
 if __name__ == "__main__":

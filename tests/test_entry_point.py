@@ -178,8 +178,19 @@ def answer_without_torch(args: list[str], status: int, needles: list[str], cwd) 
                 "weights' does not exist; pass a DCP checkpoint folder",
             ],
         ),
+        (
+            # a typo stops Hydra's composition; the rest of the command is checked without it
+            ["training.stpes=1", "model.n_layerz=2", "optimizer.lr=-1", "data=files", "data.path=absent.jsonl"],
+            [
+                "error: 4 problems with this command:",
+                "training.stpes: Key 'stpes' not in 'TrainingConfig'",
+                "model.n_layerz: Key 'n_layerz' not in 'ModelConfig'",
+                "optimizer.lr: must be >= 0, got -1.0",
+                "absent.jsonl' does not exist",
+            ],
+        ),
     ],
-    ids=["range", "two-ranges", "no-data-path", "range-and-paths"],
+    ids=["range", "two-ranges", "no-data-path", "range-and-paths", "typos-ranges-and-paths"],
 )
 def test_values_out_of_range_are_answered_without_torch(args, needles, tmp_path):
     """A value out of range (with every path that does not exist beside it) and a key without a

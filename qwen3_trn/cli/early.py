@@ -6,6 +6,8 @@ Hydra composes the config and creates the run directory; then, in the task funct
   (``first_checks``, which preflight runs too, so both say the same). A value out of range stops
   the command there, with every missing path beside it: exit 2, the run directory removed again.
   Otherwise the run's modules load and preflight checks the rest, the data's content included.
+- ``every_problem``: a command line that does not compose (a typo in a key) is composed again
+  without the override at fault, so that its other problems are reported with it.
 - ``SweepCallback``: the sweep callback ``conf/config.yaml`` names, whose implementation
   (``qwen3_trn.sweeps.sweep.SweepCallback``: launchers, reports) is imported when a multirun starts, not
   when Hydra instantiates the callbacks of every command. The sweeper's own counts and sizes
@@ -20,6 +22,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Iterator
 
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
@@ -27,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from qwen3_trn.cli.exits import exit_status
 from qwen3_trn.common.errors import ConfigError, Problems, grouped
+from qwen3_trn.config.composition import composition_error, failing_override
 from qwen3_trn.config.paths import absolute_paths, path_problems
 from qwen3_trn.config.ranges import range_problems
 from qwen3_trn.config.schema import RunConfig
@@ -93,6 +98,36 @@ def answer_early(cfg_node: DictConfig) -> None:
         problems = Problems()
         if not first_checks(to_run_config(cfg_node, check_ranges=False), problems):
             problems.stop_if_any()
+
+
+def _gives(key: str, overrides: list[str]) -> bool:
+    return any(o.lstrip("+~").partition("=")[0] == key for o in overrides)
+
+
+def every_problem(exc: BaseException, overrides: list[str], conf_dir: Path) -> ConfigError:
+    """A command line that did not compose: its first problem, then the rest of it composed
+    again without the override at fault, until it composes and is typed and checked, so that
+    every problem of the command is reported at once. ``overrides``: the command line's
+    overrides (not its flags) against the packaged ``conf_dir``."""
+    problems = Problems()
+    problems.found.append(composition_error(exc))
+    rest, bad = list(overrides), failing_override(exc)
+    while bad in rest:
+        rest.remove(bad)
+        GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir)):
+                # output_dir is Hydra's run directory, which only a run has; the checks do not read it
+                cfg = compose("config", overrides=[*rest, *(() if _gives("output_dir", rest) else ("output_dir=.",))])
+        except Exception as again:  # noqa: BLE001 - the next composition problem, reported with the first
+            with problems.check():
+                raise composition_error(again)
+            bad = failing_override(again)
+            continue
+        with problems.check():
+            first_checks(to_run_config(cfg, check_ranges=False), problems)
+        break
+    return grouped(problems.found)
 
 
 def sweeper_problems(sweeper: DictConfig) -> list[ConfigError]:

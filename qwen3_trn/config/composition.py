@@ -202,6 +202,12 @@ def _failing_input(exc: BaseException) -> Override | ResultDefault | None:
     return None
 
 
+def failing_override(exc: BaseException) -> str | None:
+    """The command-line override Hydra was applying when ``exc`` was raised, as given."""
+    given = _failing_input(exc)
+    return given.input_line if isinstance(given, Override) else None
+
+
 def _where(given: Override | ResultDefault | None, key: str, search_dirs: list[Path]) -> str:
     if isinstance(given, Override):
         return f"command line: {given.input_line}"
