@@ -120,8 +120,7 @@ def every_problem(exc: BaseException, overrides: list[str], conf_dir: Path) -> C
                 # output_dir is Hydra's run directory, which only a run has; the checks do not read it
                 cfg = compose("config", overrides=[*rest, *(() if _gives("output_dir", rest) else ("output_dir=.",))])
         except Exception as again:  # noqa: BLE001 - the next composition problem, reported with the first
-            with problems.check():
-                raise composition_error(again)
+            problems.found.append(composition_error(again))
             bad = failing_override(again)
             continue
         with problems.check():
