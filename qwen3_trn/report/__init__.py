@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwen3_trn.report.runs import Collection, ReportError, RunData, collect
-from qwen3_trn.results.records import write_text_atomic
+from qwen3_trn.results.records import RunStatus, write_text_atomic
 
 __all__ = ["build_report", "Collection", "ReportError", "ReportResult", "RunData", "collect"]
 
@@ -38,11 +38,11 @@ class ReportResult:
 def _notes(collection: Collection) -> list[str]:
     notes = []
     for run in collection.runs:
-        if run.status == "skipped":
+        if run.status == RunStatus.skipped:
             notes.append(f"skipped {run.label}: does not apply: {run.note}")
-        elif run.status == "failed":
+        elif run.status == RunStatus.failed:
             notes.append(f"failed {run.label}: {run.note or 'see its run directory'}")
-        elif run.status == "completed" and not run.records:
+        elif run.status == RunStatus.completed and not run.records:
             notes.append(f"{run.label}: no per-step metrics found (no metrics.jsonl)")
     digests = {run.figures.get("validation_tokens_sha256") for run in collection.runs if "val_loss" in run.figures}
     if len(digests) > 1:

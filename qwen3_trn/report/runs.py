@@ -12,7 +12,7 @@ from typing import Any
 
 from qwen3_trn.config.overrides import SEED_KEY
 from qwen3_trn.report.quantities import Spread, spread
-from qwen3_trn.results.records import read_job_record, read_manifest, read_summary, summarize
+from qwen3_trn.results.records import RunStatus, read_job_record, read_manifest, read_summary, summarize
 
 RUN_FILES = ("config.yaml", "summary.json", "metrics.jsonl", "job.json", "overrides.yaml")
 
@@ -104,7 +104,7 @@ def load_run(run_dir: Path, job: dict[str, Any] | None = None) -> RunData:
     run.figures = summarize(run.records) if run.records else {k: v for k, v in summary.items() if k in ("steps_logged",)}
     run.figures.update({k: summary[k] for k in SUMMARY_FIELDS if summary.get(k) is not None})
     if run.status == "unknown" and run.records:
-        run.status = "completed"
+        run.status = RunStatus.completed
     return run
 
 
@@ -215,7 +215,7 @@ def collect(paths: list[Path]) -> Collection:
             "a sweep directory holds manifest.json)"
         )
     for run in runs:
-        if run.wandb_group and run.wandb_group not in groups and run.status == "completed":
+        if run.wandb_group and run.wandb_group not in groups and run.status == RunStatus.completed:
             groups.append(run.wandb_group)
     keys = swept_keys(runs, manifest_keys)
     _label(runs, keys)

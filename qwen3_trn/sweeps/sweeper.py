@@ -48,6 +48,7 @@ from qwen3_trn.results.records import (
     ATTEMPTS_DIR,
     IN_FLIGHT_STATUSES,
     PLAN_TEXT_FILE,
+    RunStatus,
     scrub_hydra_files,
     write_job_record,
     write_text_atomic,
@@ -56,7 +57,7 @@ from qwen3_trn.run.preflight import Prepared, prepare
 from qwen3_trn.sweeps.sweep import collect_jobs, job_name, settle_jobs, start_sweep_record, swept_keys, write_manifest
 
 # Statuses of a job that a rerun of its sweep keeps: it ran to its end, or does not apply.
-KEPT_STATUSES = ("completed", "skipped", "planned")
+KEPT_STATUSES = (RunStatus.completed, RunStatus.skipped, RunStatus.planned)
 
 
 @dataclass
@@ -132,7 +133,7 @@ def job_plan(job: JobCheck, swept: list[str]) -> tuple[str, dict[str, Any]]:
         "overrides": redact_overrides(job.overrides),
     }
     if job.prepared is None:
-        return f"skipped: {job.problem}\n", {**record, "status": "skipped", "reason": str(job.problem)}
+        return f"skipped: {job.problem}\n", {**record, "status": RunStatus.skipped, "reason": str(job.problem)}
     prepared = job.prepared
     launch = job.launcher.describe(prepared, Path(prepared.cfg.output_dir))
     HydraConfig.instance().set_config(job.config)  # the job's own Hydra settings, as when it runs
@@ -289,7 +290,7 @@ class CheckedSweeper(BasicSweeper):
             "name": job_name(job.overrides, swept_keys(self.config), job.num),
             "overrides": redact_overrides(job.overrides),
             "run_dir": str(job_dir),
-            "status": "skipped",
+            "status": RunStatus.skipped,
             "invalid": True,
             "reason": f"{job.problem} ({why})",
             "error_key": job.problem.key,
