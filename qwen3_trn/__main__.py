@@ -1,13 +1,8 @@
 """``python -m qwen3_trn [group=option ...] [key=value ...]``: compose, check, launch.
 
-The exit status is the command's contract (``qwen3_trn.exits``): 0 done, 2 bad config or input,
-1 a run that started and failed, 130 interrupted. Hydra reports its own composition errors and
-exits 1; here they are raised instead (``HYDRA_FULL_ERROR``) and reported like any other bad
-input, naming the key and the file.
-
-Composing needs only Hydra and the typed schema (``qwen3_trn.config``): a typo, ``--help`` and
-``--cfg`` are answered before the run's modules (``qwen3_trn.app``: torch, torchtitan,
-transformers) are imported, which Hydra's task function does once the config composed.
+Composing imports only Hydra and the config layer, so a typo, ``--help`` and ``--cfg`` are
+answered before torch and torchtitan load (``qwen3_trn.app`` imports them). Hydra's own
+composition errors are raised (``HYDRA_FULL_ERROR``) and reported as bad input: ``qwen3_trn.exits``.
 """
 
 import os
@@ -51,7 +46,7 @@ def hydra_main(cfg: DictConfig) -> None:
 
 
 def config_dirs(argv: list[str]) -> list[Path]:
-    """The config search directories of this command line: ``--config-dir``, then ``conf/``."""
+    """``--config-dir``, then ``conf/``."""
     dirs = []
     for i, arg in enumerate(argv):
         for flag in ("--config-dir", "-cd"):
