@@ -34,10 +34,8 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
-    # A single run's config typed and its ranges and paths checked first (qwen3_trn.early), so
-    # that such bad input is answered before the run's modules load. Imported here, not above:
-    # they load only for a config that passed and a command that runs it. A ConfigError raised on
-    # import (qwen3_trn.titan) exits 2 (main).
+    # The run's modules are imported here, not above: only for a config that passed
+    # answer_early. A ConfigError raised while they import (qwen3_trn.titan) exits 2.
     answer_early(cfg)
     with exit_status(), no_run_dir_left():
         from qwen3_trn.app import run

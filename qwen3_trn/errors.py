@@ -45,7 +45,7 @@ class NotApplicableErrors(ConfigErrors, NotApplicable):
 
 
 def grouped(errors: list[ConfigError]) -> ConfigError:
-    """The error itself when there is one."""
+    """One error for ``errors``: the error itself when there is only one."""
     if len(errors) == 1:
         return errors[0]
     if all(isinstance(error, NotApplicable) for error in errors):

@@ -269,11 +269,7 @@ def _attention_layer_config() -> type:
     return type(qwen3_configs["debugmodel"](attn_backend="flex").layers[0].attention)
 
 
-# Adapters to the torchtitan installed. The product is written against upstream 0.3.0; AWS's
-# torchtitan-neuron 0.2.2+neuron.1 is upstream main of 2026-04..06 plus Neuron changes, so every
-# name upstream added after 7cec16600 (2026-04-17) is looked up here, and each caller takes the
-# 0.3.0 path where it is present and the older one where it is not (detected by feature, not by
-# version string). ``OFF`` lists the features a run loses on an older torchtitan.
+# The names upstream added after 7cec16600 (2026-04-17), each with the date it was added.
 CHUNKED_LOSS = _feature(
     "chunked loss",
     "2026-06-26",

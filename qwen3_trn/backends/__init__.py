@@ -19,7 +19,6 @@ def _known(name: str) -> type[BackendConfig]:
 
 
 def build_backend(config: BackendConfig) -> Backend:
-    """The backend of the run's ``backend`` option (its ``Config.build()``)."""
     _known(config.name)
     return config.build()
 

@@ -44,7 +44,6 @@ class Backend(Configurable):
         return dataclasses.asdict(self.config)
 
     def architecture(self, cfg: RunConfig) -> Qwen3Architecture:
-        """The architecture the config describes."""
         return flavor_architecture(cfg)
 
     def model_spec(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> ModelSpec:

@@ -84,7 +84,6 @@ def meta_model(config: Qwen3Model.Config) -> torch.nn.Module:
 
 
 def count(flavor: str, arch: Qwen3Architecture, seq_len: int) -> ModelCounts:
-    """Counts for ``arch`` at training sequence length ``seq_len``."""
     # torchtitan sizes the RoPE caches (buffers) to the training sequence length before it builds.
     config = build_model_config(flavor, dataclasses.replace(arch, max_seq_len=seq_len), ScaledDotProductAttention.Config())
     model = meta_model(config)

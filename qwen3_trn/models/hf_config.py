@@ -145,7 +145,6 @@ def check_qwen3(config: dict[str, Any], source: str) -> str:
 
 
 def architecture_from_hf(config: dict[str, Any], source: str) -> Qwen3Architecture:
-    """The Qwen3Architecture an HF Qwen3 / Qwen3-MoE config describes."""
     kind = "moe" if check_qwen3(config, source) == MOE_ARCHITECTURE else "dense"
     values: dict[str, Any] = {}
     for field in fields_of(kind):

@@ -164,7 +164,6 @@ class SplitSource(DataSource):
 
 
 def data_source(data: DataConfig) -> DataSource:
-    """The source ``data.name`` chooses, built from ``data``."""
     if data.name not in DataConfig.options:
         raise ConfigError("data.name", f"unknown data source '{data.name}'; use one of {', '.join(DataConfig.options)}.")
     return data.build()
@@ -187,5 +186,4 @@ def resolve_dataset(data: DataConfig, seed: int) -> ResolvedDataset:
 
 
 def resolve_validation_dataset(data: DataConfig) -> ResolvedDataset:
-    """The held-out split of the data source."""
     return data_source(data).validation_dataset()
