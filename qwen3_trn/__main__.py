@@ -1,13 +1,9 @@
 """``python -m qwen3_trn [group=option ...] [key=value ...]``: compose, check, launch.
 
-The exit status is the command's contract (``qwen3_trn.cli.exits``): 0 done, 2 bad config or input,
-1 a run that started and failed, 130 interrupted. Hydra reports its own composition errors and
-exits 1; here they are raised instead (``HYDRA_FULL_ERROR``) and reported like any other bad
-input, naming the key and the file.
-
-Composing needs only Hydra and the typed schema (``qwen3_trn.config``): a typo, ``--help`` and
-``--cfg`` are answered before the run's modules (``qwen3_trn.app``: torch, torchtitan,
-transformers) are imported, which Hydra's task function does once the config composed.
+Composing imports only Hydra and the config layer, so a typo, ``--help`` and ``--cfg`` are
+answered before torch and torchtitan load (``qwen3_trn.app`` imports them). Hydra's own
+composition errors are raised (``HYDRA_FULL_ERROR``) and reported as bad input: ``qwen3_trn.cli.exits``;
+a command line that does not compose has its other problems named beside the first (``every_problem``).
 """
 
 import os
@@ -43,10 +39,8 @@ composed = False
 def hydra_main(cfg: DictConfig) -> None:
     global composed
     composed = True
-    # A single run's config typed and its ranges and paths checked first (qwen3_trn.cli.early), so
-    # that such bad input is answered before the run's modules load. Imported here, not above:
-    # they load only for a config that passed and a command that runs it. A ConfigError raised on
-    # import (qwen3_trn.titan) exits 2 (main).
+    # The run's modules are imported here, not above: only for a config that passed
+    # answer_early. A ConfigError raised while they import (qwen3_trn.titan) exits 2.
     answer_early(cfg)
     with exit_status(), no_run_dir_left():
         from qwen3_trn.app import run
@@ -55,7 +49,7 @@ def hydra_main(cfg: DictConfig) -> None:
 
 
 def config_dirs(argv: list[str]) -> list[Path]:
-    """The config search directories of this command line: ``--config-dir``, then ``conf/``."""
+    """``--config-dir``, then ``conf/``."""
     dirs = []
     for i, arg in enumerate(argv):
         for flag in ("--config-dir", "-cd"):

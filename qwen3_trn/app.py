@@ -1,11 +1,7 @@
-"""One job, from a composed Hydra config to a finished run directory.
+"""One job: from a composed config to a finished run directory.
 
-``execute`` composes nothing itself: it types the config, builds the launcher, claims the run
-directory, prepares the run (every check before anything is written; the claim is given back
-when one fails), and then either plans (``mode=plan``/``check``) or launches and records the
-outcome in ``summary.json``.
-
-The exit status of the command: ``qwen3_trn.cli.exits``.
+Types the config, builds the launcher, claims the run directory (given back when a check
+fails), prepares the run, then plans or launches and records the outcome in ``summary.json``.
 """
 
 from __future__ import annotations
@@ -203,8 +199,7 @@ def execute(cfg_node: DictConfig) -> dict | None:
 
 @contextmanager
 def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM stops a run like Ctrl-C does (its summary says interrupted), instead of killing
-    this process before it records anything."""
+    """SIGTERM stops a run like Ctrl-C, so its summary is still written."""
 
     def interrupt(signum, frame):
         raise RunInterrupted(signum)
@@ -221,10 +216,8 @@ def _sigterm_interrupts() -> Iterator[None]:
 
 
 def run(cfg_node: DictConfig) -> dict | None:
-    """Hydra's task function, under the exit-code contract (``exit_status``).
-
-    In a multirun (``-m``) a job's error is recorded in its job.json and the sweep manifest
-    instead, and the sweep goes on (``qwen3_trn.sweeps.sweep``)."""
+    """Hydra's task function, under ``exit_status``. In a multirun a job's error is recorded
+    and the sweep goes on (``qwen3_trn.sweeps.sweep``)."""
     redact_argv()
     if in_multirun():
         return run_sweep_job(execute, cfg_node)

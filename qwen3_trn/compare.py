@@ -1,22 +1,9 @@
 """``python -m qwen3_trn.compare [OVERRIDES ...]``: do the training modes compute the same model?
 
-Trains every mode that can build the model (dense: ``native``, ``hf_v5``; MoE: also ``nki_moe``
-with each kernel of the device) from the same initial weights and the same batches, each as a
-real ``python -m qwen3_trn`` run with the same overrides, and reports per step the loss of each,
-the largest difference to ``native`` (the reference) and the first step where a mode parts from it
-beyond its tolerance. Exit status: 0 every mode agrees, 1 one does not (or its run failed), 2 a bad
-command (nothing trains, or the first run refused the config).
-
-The same weights: one Hugging Face checkpoint, loaded by every mode through
-``checkpoint.initial_load_path``: the one given, else the native init exported by a first run of
-one step at ``optimizer.lr=0`` (``<out>/init/hf/step-1``). The same batches: the same config,
-seed and data order in every run.
-
-A pair is expected *bitwise* where both modes run the same math (native and ``nki_moe`` with
-``grouped_mm``, torchtitan's own grouped-matmul experts, in bf16), else equal *within a tolerance*
-measured by ``benchmarks/parity_tolerance.py`` (``TOLERANCES``). Results: ``<out>/parity.json``
-and ``<out>/parity.md``, each mode's run directory under ``<out>``, and a wandb run (offline by
-default) in the group all modes share when the runs log to wandb.
+Trains every mode that can build the model from the same initial weights and batches, each a
+real ``python -m qwen3_trn`` run, and reports per step each mode's loss difference to
+``native`` against its tolerance (``MEASURED``). Exit status: 0 every mode agrees, 1 one does
+not or its run failed, 2 a bad command. How and why: docs/parity.md.
 """
 
 from __future__ import annotations
@@ -75,17 +62,10 @@ NATIVE_MATH_IN = {
     "grouped_mm": {"bfloat16": "torchtitan's grouped-matmul expert math in bf16, as native runs it"},
 }
 
-# The largest |loss difference| to native over 10 steps of model=tiny and model=tiny_moe
-# (debug=smoke, 2 x 64 tokens, seed 42) from the native init and from a checkpoint of 40 native
-# steps, measured on a 2-core CPU by
+# The largest |loss difference| to native over 10 steps of model=tiny and model=tiny_moe, keyed
+# by (math, compute dtype, model kind, start), from
 #   python benchmarks/parity_tolerance.py
-# the largest of two document orders (before and after training.seed ordered the training
-# documents: the same batches for every mode, other batches between the two)
-# and, as the tolerance, twice that: a mode that computes the same model in another order stays
-# inside, a perturbed layer does not (tests/test_parity.py). Keyed by (math, compute dtype, model
-# kind, start). bf16 from trained weights drifts furthest: a fresh AdamW's first full-size step
-# turns last-bit gradient differences into whole updates; in MoE models one can also flip a
-# token's expert.
+# (the larger of two document orders); the tolerance is twice it (docs/parity.md).
 MEASURED: dict[tuple[str, str, str, str], float] = {
     ("transformers", "bfloat16", "dense", "init"): 5.0e-03,
     ("transformers", "float32", "dense", "init"): 1.3e-05,

@@ -1,12 +1,6 @@
-"""Every implementation of the config groups whose options are classes: the backends, launchers
-and data sources, each defined in its own module of ``qwen3_trn.backends``, ``qwen3_trn.launch``
-and ``qwen3_trn.data.sources`` (importing a package imports all its modules, and each class
-becomes the ``_owner`` of its option's Config, ``qwen3_trn.config.option_schemas``, which
-``Config.build()`` makes). Composing and checking a config needs none of them
-(``qwen3_trn.config.store``); building a run's parts does.
-
-``load_run_config`` types a saved config in a process that may not have imported every option's
-implementation otherwise (``qwen3_trn.rank``).
+"""Imports every implementation of the class-valued config groups (backends, launchers, data
+sources), so each becomes its Config's ``_owner``. Composing a config needs none of them;
+building a run's parts does.
 """
 
 from pathlib import Path
@@ -21,7 +15,7 @@ OPTION_PACKAGES = (backends, launch, sources)
 
 
 def load_run_config(path: str | Path) -> RunConfig:
-    """A run's saved config (``records.load_run_config``), typed by any option of its groups."""
+    """A saved config typed by any option of its groups (for ``qwen3_trn.rank``)."""
     return records.load_run_config(path)
 
 

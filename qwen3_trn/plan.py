@@ -66,9 +66,8 @@ def as_written(value: Any) -> str:
 
 
 def config_differences(resolved: DictConfig, swept_keys: list[str] | None) -> tuple[list[str], str, list[str]]:
-    """The job's overrides, what it is compared with, and the resolved keys that differ from it:
-    in a sweep (``swept_keys`` given) the config without the swept overrides, else the
-    defaults (conf/config.yaml)."""
+    """The job's overrides, its baseline and the resolved keys that differ from it: in a sweep
+    (``swept_keys`` given) the config without the swept overrides, else the defaults."""
     if not HydraConfig.initialized():
         return [], "", []
     hydra_cfg = HydraConfig.get()
@@ -109,10 +108,8 @@ def plan_record(prepared: Prepared, launch: LaunchDescription, run_dir: Path, di
 
 
 def render_plan(prepared: Prepared, launch: LaunchDescription, differences: tuple[list[str], str, list[str]], run_dir: Path | None) -> str:
-    """What a person reads of a plan, a screen or so for any model: the differences from the
-    defaults, the world and layout, memory per rank, the torchrun line. The full resolved config
-    and torchtitan's Trainer.Config are in the run directory; their paths are printed (none
-    for a job of a planned sweep, which writes no run directory)."""
+    """A plan in a screen or so: differences from the defaults, world and layout, memory per rank,
+    the torchrun line, and the paths of the full configs (none for a planned sweep's job)."""
     present = "present" if prepared.device.count else "not on this machine: planned only"
     overrides, base_name, lines = differences
     sections = [

@@ -1,10 +1,7 @@
 """``python -m qwen3_trn.rank <run dir>/config.yaml``: one rank from a saved, resolved config.
 
-This is what the torchrun line printed by ``mode=plan`` runs, and what external launchers
-start on each node. It never composes with Hydra: the file is the already resolved config.
-``--check`` builds rank 0's Trainer on torchtitan's fake collective backend with fake tensors
-and measures its step with PyTorch's memory tracker, which validates and sizes large layouts
-(e.g. 64 ranks) on one CPU.
+What ``mode=plan``'s torchrun line and external launchers run on each node; it never composes.
+``--check`` sizes rank 0 of the layout on one CPU with fake collectives and fake tensors.
 """
 
 from __future__ import annotations
@@ -29,9 +26,8 @@ with imports_of_entry_point(__name__):
 
 
 def check_layout(cfg: RunConfig) -> dict:
-    """Build the Trainer for rank 0 of the planned world on torchtitan's fake collectives with
-    fake tensors (nothing allocated), then measure its training step with PyTorch's memory
-    tracker (qwen3_trn.run.fit.tracked); each build runs in a child process of its own."""
+    """Build rank 0's Trainer of the planned world on fake collectives and fake tensors, and measure
+    its step with PyTorch's memory tracker (``fit.tracked``), each build in a child process."""
     cfg.mode = Mode.check
     resolved = resolve(cfg)
     layout = resolved.layout
@@ -50,7 +46,7 @@ def check_layout(cfg: RunConfig) -> dict:
 
 
 def run_rank(cfg: RunConfig) -> None:
-    """This process's rank of the run (the launcher set RANK, WORLD_SIZE, ...)."""
+    """This process's rank, from RANK, WORLD_SIZE, ... set by the launcher."""
     resolved = resolve(cfg)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != resolved.layout.world_size:

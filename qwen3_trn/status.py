@@ -1,10 +1,8 @@
-"""``python -m qwen3_trn.status <run or sweep dir>... [--wait] [--json]``: the current state of
-runs and sweeps. Runs whose ranks run elsewhere (a launcher's job, e.g. Slurm's) are read from
-their launcher; a local run still recorded running whose launching process is gone is settled
-as died (``records.settle_died``); one recorded on another host is shown as such, unchecked.
-The states go into ``summary.json``, the sweep jobs' ``job.json`` and the sweep manifest (whose
-report is built once all ended). Rows come from the records' launcher-neutral ``job`` and
-``process`` sections."""
+"""``python -m qwen3_trn.status <run or sweep dir>... [--wait] [--json]``: the current state of runs and sweeps.
+
+Runs whose ranks run elsewhere are asked of their launcher; a local run recorded running whose
+process is gone is settled as died. The states are written back to the records.
+"""
 
 from __future__ import annotations
 

@@ -1,21 +1,11 @@
-"""Every torchtitan name the project uses, imported here and nowhere else in the package, and the
-one place that adapts the package to the torchtitan installed.
+"""Every torchtitan name the project uses, imported here only, and the one adapter to the
+torchtitan installed (upstream 0.3.0, or main of the pre-0.3 window; docs/hardware.md, "Which
+torchtitan").
 
-Supported: upstream torchtitan 0.3.0, the first-class path, and upstream main from 7cec16600
-(2026-04-17) to 0.3.0. AWS's TorchTitan Neuron 0.2.2+neuron.1 is a fork of that window (the
-version string says 0.2.2; upstream main kept it until the 0.3.0rc1 bump), so what the window
-lacks is detected here by feature, not by version string:
-
-* names every supported torchtitan has are imported in the ``try`` block below; one that is
-  missing (PyPI's torchtitan 0.2.2, the old TOML system, say) raises :class:`TorchtitanMismatch`
-  with every missing name at once, which the entry points report as bad input (exit 2);
-* names upstream added within the window are ``Feature``s: where one is missing, the adapter
-  functions below take the older path (same training), or the feature is off (``MAY_BE_OFF``:
-  ``mode=plan`` says so in one line, and a command that needs it is refused with exit 2).
-
-Each adapter names the upstream change it bridges. On 0.3.0 every adapter takes the 0.3.0 path,
-so its numerics are unchanged. The fork's own changes are not public; the one the seed article
-shows (it compiles ``grad_clip``) is in :func:`compiled_components`.
+Names every supported torchtitan has are required: a missing one raises ``TorchtitanMismatch``
+(exit 2). Names added within the window are ``Feature``s, detected by presence, not version:
+without one an adapter takes the older path with the same training, or the feature is off
+(``MAY_BE_OFF``). Each adapter names the upstream change it bridges.
 """
 
 # ruff: noqa: F401 - the names are imported here for the rest of the package
@@ -77,8 +67,8 @@ def _distribution_version(name: str) -> str | None:
 
 
 def _distribution_package_dir(name: str) -> Path | None:
-    """Where distribution ``name`` keeps the ``torchtitan`` package: its editable checkout (``pip
-    install -e .``, as AWS installs torchtitan-neuron) or its site-packages folder."""
+    """Where distribution ``name`` keeps ``torchtitan``: its editable checkout (as AWS installs
+    torchtitan-neuron) or site-packages."""
     try:
         dist = importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:
@@ -93,9 +83,8 @@ def _distribution_package_dir(name: str) -> Path | None:
 
 @functools.cache
 def torchtitan_version() -> str:
-    """The version of the torchtitan this process imports (``torchtitan-neuron X`` where that
-    distribution provides it), or where it comes from when no installed distribution does (a
-    checkout first on PYTHONPATH)."""
+    """The imported torchtitan's version (``X (torchtitan-neuron)`` where that distribution
+    provides it), or its folder when no installed distribution does."""
     spec = importlib.util.find_spec("torchtitan")
     if spec is None or spec.origin is None:
         return "(not installed)"
@@ -109,7 +98,7 @@ def torchtitan_version() -> str:
 
 
 def imported_names(source: str) -> list[tuple[str, str]]:
-    """(module, name) of each ``from torchtitan... import`` statement in ``source``'s top-level ``try``."""
+    """(module, name) of each torchtitan import in ``source``'s top-level ``try``."""
     names = []
     for node in ast.parse(source).body:
         if isinstance(node, ast.Try):
@@ -134,14 +123,14 @@ def _has(module: str, name: str) -> bool:
 
 
 def missing_names(source: str | None = None) -> list[str]:
-    """The dotted torchtitan names this module's required imports need that are missing."""
+    """The dotted names this module's required imports lack."""
     source = Path(__file__).read_text() if source is None else source
     return [f"{module}.{name}" for module, name in imported_names(source) if not _has(module, name)]
 
 
 def check_torchtitan(cause: ImportError | None = None) -> None:
-    """Raise TorchtitanMismatch when anything this module imports is missing (``cause``: the
-    import that failed, named in the message as it may be a dependency of torchtitan's)."""
+    """Raise ``TorchtitanMismatch`` when a required name is missing. ``cause``, the failed import,
+    is named in the message: it may be one of torchtitan's own dependencies."""
     if isinstance(cause, ModuleNotFoundError) and cause.name and cause.name.split(".")[0] not in ("torchtitan", "qwen3_trn"):
         raise ConfigError(
             "torchtitan",
@@ -210,8 +199,8 @@ class Feature:
         return not self.missing and self.error is None
 
     def __getitem__(self, name: str) -> Any:
-        """The name, or where it is missing a stand-in that the project's modules can subclass
-        and that raises ``refusal()`` when built or called."""
+        """The name, or where it is missing a stand-in that can be subclassed and raises
+        ``refusal()`` when built or called."""
         if name in self.names:
             return self.names[name]
         feature = self
@@ -222,7 +211,7 @@ class Feature:
         return type(name, (), {"__init__": refuse, "__doc__": f"torchtitan's {name}, missing here: {self.name} is off."})
 
     def lacking(self) -> str:
-        """What this torchtitan lacks of the feature: the names, and a module of it that fails to import."""
+        """The missing names, and a module that fails to import."""
         parts = [", ".join(self.missing)] if self.missing else []
         if self.error:
             parts.append(f"a working import ({self.error})")
@@ -233,7 +222,7 @@ class Feature:
         return f"{self.name}: this torchtitan lacks {self.lacking()} (upstream added it {self.added}); {self.without}."
 
     def refusal(self) -> ConfigError:
-        """The error of a command that needs the feature (``NotApplicable``: a sweep over modes skips it)."""
+        """The error of a command that needs the feature (``NotApplicable``: a sweep skips it)."""
         return NotApplicable(
             self.key,
             f"{self.name} cannot run on torchtitan {torchtitan_version()}: it lacks {self.lacking()} "
@@ -242,7 +231,7 @@ class Feature:
 
 
 def _has_module_file(module: str) -> bool:
-    """Whether torchtitan's source has ``module`` (found without importing it or its packages)."""
+    """Whether torchtitan's source has ``module``, without importing it."""
     spec = importlib.util.find_spec("torchtitan")
     path = Path(spec.origin).parent.joinpath(*module.split(".")[1:])
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
@@ -280,11 +269,7 @@ def _attention_layer_config() -> type:
     return type(qwen3_configs["debugmodel"](attn_backend="flex").layers[0].attention)
 
 
-# Adapters to the torchtitan installed. The product is written against upstream 0.3.0; AWS's
-# torchtitan-neuron 0.2.2+neuron.1 is upstream main of 2026-04..06 plus Neuron changes, so every
-# name upstream added after 7cec16600 (2026-04-17) is looked up here, and each caller takes the
-# 0.3.0 path where it is present and the older one where it is not (detected by feature, not by
-# version string). ``OFF`` lists the features a run loses on an older torchtitan.
+# The names upstream added after 7cec16600 (2026-04-17), each with the date it was added.
 CHUNKED_LOSS = _feature(
     "chunked loss",
     "2026-06-26",
@@ -385,9 +370,8 @@ else:
     from torchtitan.config import Configurable
 
     class ModelConfigConverter(Configurable):
-        """What torchtitan 0.3's ``ModelConfigConverter`` is (a Configurable whose ``convert``
-        returns a new model config), for a torchtitan that predates it: the project applies its
-        converters to the model config itself (``qwen3_trn.models.qwen3.native_model_spec``)."""
+        """torchtitan 0.3's ``ModelConfigConverter`` for a torchtitan that predates it; the project then
+        applies its converters itself (``models.qwen3.native_model_spec``)."""
 
         @dataclasses.dataclass(kw_only=True, slots=True)
         class Config(Configurable.Config):
@@ -398,9 +382,8 @@ else:
 
 
 def nested_configs(root: Any, config_cls: type, prefix: str = "") -> Any:
-    """``(fqn, config, parent, attr)`` of every ``config_cls`` in a config tree: torchtitan's
-    ``Configurable.Config.traverse`` (2026-04-27 on), or the same walk over dataclass fields and
-    lists before it."""
+    """``(fqn, config, parent, attr)`` of every ``config_cls`` in a config tree:
+    ``Configurable.Config.traverse`` (2026-04-27 on), or the same walk before it."""
     if hasattr(root, "traverse"):
         yield from root.traverse(config_cls)
         return
@@ -416,8 +399,8 @@ def nested_configs(root: Any, config_cls: type, prefix: str = "") -> Any:
 
 
 def expert_weights(experts: GroupedExperts) -> tuple[Any, Any, Any]:
-    """The experts' ``w1``, ``w2``, ``w3`` [E, F, D], [E, D, F], [E, F, D] (named with shape
-    suffixes, ``w1_EFD``..., from 2026-05-27; ``w1``... before)."""
+    """The experts' ``w1``, ``w2``, ``w3`` ([E, F, D], [E, D, F], [E, F, D]; named ``w1_EFD``...
+    from 2026-05-27)."""
     if hasattr(experts, "w1_EFD"):
         return experts.w1_EFD, experts.w2_EDF, experts.w3_EFD
     return experts.w1, experts.w2, experts.w3
@@ -485,9 +468,8 @@ def checkpoint_save(manager: CheckpointManager, curr_step: int, last_step: bool)
 
 
 def replaces_checkpoint_save(cls: type) -> type:
-    """Class decorator for a ``CheckpointManager`` subclass: its ``_save(curr_step, last_step)``
-    is what this torchtitan's trainer reaches when it saves (before 0.3: through ``save``, which
-    is then checked for ``enable`` first, as 0.3's ``save`` does)."""
+    """Class decorator: a ``CheckpointManager`` subclass's ``_save(curr_step, last_step)`` is what
+    this torchtitan's trainer calls to save (before 0.3 through ``save``, checking ``enable`` first)."""
     if CHECKPOINT_SAVE == "save":
 
         def save(self: Any, curr_step: int, last_step: bool = False) -> bool:
@@ -508,7 +490,7 @@ def grouped_experts_math(experts: GroupedExperts, x_RD: Any, num_tokens_per_expe
 
 
 def replaces_expert_math(cls: type) -> type:
-    """Class decorator for a ``GroupedExperts`` subclass: its ``expert_math(x_RD,
+    """Class decorator: a ``GroupedExperts`` subclass's ``expert_math(x_RD,
     num_tokens_per_expert_E)`` becomes the method this torchtitan calls for the math."""
     setattr(cls, EXPERT_MATH, cls.expert_math)
     return cls

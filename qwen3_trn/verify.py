@@ -2,22 +2,11 @@
 
 ``python -m qwen3_trn.verify <run dir> [--export DIR] [--atol 1e-4] [--moe-rtol 0.01]``
 
-1. loads the export folder (``<run dir>/hf/step-N`` by default, the last one) exactly as a user
-   does: ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained``, in a
-   fresh interpreter, and runs ``generate`` on a prompt;
-2. builds the run's own torchtitan trainer (same mode, model and config, one CPU process) and
-   loads the run's DCP checkpoint of the same step (so the run needs ``checkpoint.enable=true``
-   as well as ``checkpoint=hf_export``);
-3. compares the logits of both models on the same tokens: dense models must agree within
-   ``--atol`` (largest absolute difference). For MoE models torchtitan computes experts in
-   bf16, and routes with its load-balancing ``expert_bias``, which HF Qwen3-MoE has no slot for
-   and the export leaves out: the torchtitan model with that bias set to zero (the model the
-   export can express) must agree within ``--moe-rtol`` of relative difference; the difference
-   to the model as trained (bias included) is reported next to it.
-
-Prints the report (and writes it to ``<export folder>.verify.json``); exits 1 on a failure,
-2 on a configuration error. The helpers here (one CPU rank, loading a config into torchtitan,
-logits from either side) are shared with ``tools/roundtrip.py``.
+Loads the export with transformers in a fresh interpreter and generates, builds the run's
+torchtitan trainer from its DCP checkpoint of the same step, and compares their logits: within
+``--atol`` for dense models; for MoE models, against torchtitan with ``expert_bias`` zeroed
+(HF has no slot for it), within ``--moe-rtol``. Exits 1 on a mismatch, 2 on bad input. The
+helpers are shared with ``tools/roundtrip.py``. docs/export.md says more.
 """
 
 from __future__ import annotations
@@ -56,8 +45,7 @@ PROMPT = "def sorted(iterable):"
 
 @contextmanager
 def single_rank() -> Iterator[None]:
-    """This process as rank 0 of a world of 1 (environment restored and process group
-    destroyed afterwards)."""
+    """This process as rank 0 of a world of 1, the environment and process group restored after."""
     with environment(one_rank_world()):
         try:
             yield
@@ -260,8 +248,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run_check(check, verbose: bool) -> None:
-    """A command's end: run ``check`` (quietly unless ``verbose``), print its report, exit 0 when
-    it passed, 1 when not, 2 on a ConfigError."""
+    """Run ``check`` (quietly unless ``verbose``) and print its report; exit 0 passed, 1 failed,
+    2 on a ConfigError."""
     if not verbose:
         logging.getLogger().setLevel(logging.WARNING)
         for name in ("torchtitan", "root"):

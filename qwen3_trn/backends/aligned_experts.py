@@ -1,18 +1,11 @@
-"""torchtitan's expert MLP with every expert's token group padded to an aligned row count.
+"""torchtitan's expert MLP with each expert's token group padded to an aligned row count.
 
-On Neuron, ``aten::_grouped_mm`` needs group offsets that are sorted multiples of 128 and a row
-count divisible by 128 (torch-neuronx, ``torch_neuronx/python_ops/grouped_mm.py``:
-``validate_offs``, for both the 2D x 3D forward and the 2D x 2D weight gradient; its compiled
-decomposition assumes the same blocks). torchtitan's ``GroupedExperts`` passes the raw routed
-counts. ``AlignedGroupedExperts`` lays each expert's rows into blocks of ``token_group_alignment``
-rows (zero rows as padding, a static number of blocks: ``kernels.layouts``), runs
-``GroupedExperts``' own math on the blocks and takes the rows back out, so the parameters, their
-initialisation and sharding, and the expert math are torchtitan's. Zero padding rows add nothing
-to outputs or weight gradients.
-
-It replaces plain ``GroupedExperts`` configs through torchtitan's model-config converter
-(``TokenGroupAlignment``) in backend=native, and in the torchtitan MoE that backend=hf_v5 swaps
-into the HF model (``align_token_groups``).
+Neuron's ``aten::_grouped_mm`` needs group offsets that are multiples of 128
+(``torch_neuronx/python_ops/grouped_mm.py``: ``validate_offs``); torchtitan passes the raw routed
+counts. ``AlignedGroupedExperts`` lays the rows into aligned blocks (``kernels.layouts``), runs
+``GroupedExperts``' own math and takes the rows back, so parameters, init, sharding and math stay
+torchtitan's; the zero padding rows add nothing. Swapped in by the ``TokenGroupAlignment``
+converter (backend=native) and ``align_token_groups`` (backend=hf_v5).
 """
 
 from __future__ import annotations
@@ -38,12 +31,12 @@ __all__ = ["AlignedGroupedExperts", "TokenGroupAlignment", "align_token_groups",
 
 
 def token_group_alignment(device_type: str) -> int | None:
-    """Rows each expert's token group is padded to on this device (None: the raw counts do)."""
+    """Rows each expert's token group is padded to on this device; None keeps the raw counts."""
     return GROUPED_MM_TOKEN_ALIGNMENT.get(device_type)
 
 
 def moe_token_groups(arch: Qwen3Architecture, device: DeviceSpec) -> dict[str, str]:
-    """What a run records, and mode=plan shows, of the expert token groups' alignment."""
+    """The token-group alignment a run records and ``mode=plan`` shows."""
     alignment = token_group_alignment(device.type)
     if not arch.is_moe or not alignment:
         return {}
@@ -74,9 +67,9 @@ class AlignedGroupedExperts(GroupedExperts):
 
 
 def align_token_groups(model_config: Module.Config, alignment: int) -> Module.Config:
-    """Every plain ``GroupedExperts.Config`` in ``model_config`` replaced by an
+    """Replace every plain ``GroupedExperts.Config`` in ``model_config`` by an
     ``AlignedGroupedExperts.Config`` with the same fields; returns the (possibly new root) config.
-    Other ``GroupedExperts`` variants bring their own expert computation and are kept."""
+    Other ``GroupedExperts`` variants compute their own way and are kept."""
 
     def aligned(_fqn: str, config: GroupedExperts.Config) -> Module.Config:
         if type(config) is not GroupedExperts.Config:

@@ -1,10 +1,7 @@
 """A training mode: how a composed config becomes the model torchtitan trains.
 
-Backends follow torchtitan's configurable pattern: a class with a ``Config`` (a
-``BackendConfig`` subclass in ``qwen3_trn.config.option_schemas``: its option of the ``backend``
-group, registered in ``BackendConfig.options``) and ``Config.build()`` returning the backend. A
-subclass overrides only the hooks its mode needs; a run's kernel is reported under ``kernel``
-(``KERNEL_KEY``) of ``run_info`` and ``what_ran``.
+A ``Backend`` subclass overrides only the hooks its mode needs; its Config lives in
+``config.option_schemas``.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ def flavor_architecture(cfg: RunConfig) -> Qwen3Architecture:
 
 
 class ShardingDegrees(Protocol):
-    """The parallel degrees that decide what one rank holds (``qwen3_trn.run.layout.Layout`` has them)."""
+    """The parallel degrees that decide what one rank holds."""
 
     tp: int
     cp: int
@@ -43,11 +40,10 @@ class Backend(Configurable):
     config: BackendConfig
 
     def to_dict(self) -> dict[str, Any]:
-        """The backend as a ``Trainer.Config`` that holds it records it (torchtitan's ``to_dict``): its config."""
+        """The backend's config, as torchtitan's ``to_dict`` records it in a ``Trainer.Config``."""
         return dataclasses.asdict(self.config)
 
     def architecture(self, cfg: RunConfig) -> Qwen3Architecture:
-        """The architecture the config describes."""
         return flavor_architecture(cfg)
 
     def model_spec(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> ModelSpec:
@@ -66,23 +62,23 @@ class Backend(Configurable):
         """Mode-specific checks before any worker starts; raise ConfigError."""
 
     def settle(self, device: DeviceSpec) -> None:
-        """Write the choices made for ``device`` into ``self.config`` (the run's config, which
-        every rank starts from), once ``validate`` passed."""
+        """Write the choices made for ``device`` into ``self.config``, which every rank starts from,
+        once ``validate`` passed."""
 
     def validate_sharded(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec, degrees: ShardingDegrees) -> None:
         """Checks of the shapes one rank holds, once the parallel layout is final; raise ConfigError."""
 
     def run_info(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> dict[str, Any]:
-        """Facts recorded in the run's summary and logged config (predicted in the parent); the
-        kernel the experts run, where the mode chooses one, under ``KERNEL_KEY``."""
+        """Facts for the run's summary and logged config, predicted in the parent (the experts' kernel
+        under ``KERNEL_KEY``)."""
         return {}
 
     def prepare_process(self, cfg: RunConfig, device: DeviceSpec) -> None:
         """Per-process setup before the Trainer is built (registrations that do not pickle)."""
 
     def what_ran(self, parts: list[Any], device_type: str) -> dict[str, Any]:
-        """Facts of the built model on the metrics rank (e.g. the kernel its local shards run),
-        recorded in summary.json over the parent's predictions."""
+        """Facts of the built model on the metrics rank (the kernel its shards run), recorded over the
+        parent's predictions."""
         return {}
 
     def hf_config(self, cfg: RunConfig, arch: Qwen3Architecture) -> dict[str, Any]:

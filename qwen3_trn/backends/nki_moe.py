@@ -1,9 +1,5 @@
-"""backend=nki_moe: Qwen3 mixture-of-experts whose expert MLPs run project-registered kernels.
-
-torchtitan's ``GroupedExperts`` is swapped for ``KernelGroupedExperts`` through torchtitan's own
-model-config converter mechanism; ``backend.kernels`` (or ``kernels=<option>``) picks the
-implementation: NKI on Trainium (untested on hardware, see qwen3_trn/kernels/README.md), a
-portable kernel elsewhere.
+"""backend=nki_moe: Qwen3 MoE whose expert MLPs run the project's kernels (``qwen3_trn.kernels``),
+swapped in by torchtitan's model-config converter; ``backend.kernels`` picks one.
 """
 
 from __future__ import annotations
@@ -49,8 +45,8 @@ class NkiMoeBackend(Backend):
         return self.config.kernels == TORCHTITAN_NEURON
 
     def kernel_name(self, device: DeviceSpec, problem: dict[str, int] | None = None, where: str = "") -> str:
-        """The kernel ``backend.kernels`` resolves to on ``device`` for ``problem`` (one rank's
-        shapes); ``where`` says whose shapes they are in an error."""
+        """The kernel ``backend.kernels`` resolves to on ``device`` for one rank's shapes; ``where``
+        names whose shapes in an error."""
         if self.uses_recipe():
             return TORCHTITAN_NEURON
         try:
@@ -63,10 +59,9 @@ class NkiMoeBackend(Backend):
             ) from exc
 
     def local_problem(self, cfg: RunConfig, arch: Qwen3Architecture, degrees: ShardingDegrees) -> dict[str, int]:
-        """What one rank's expert kernel sees: torchtitan shards the experts over ``ep`` when
-        expert parallel is on, else their hidden dim over ``tp``; a call's rows are the rank's
-        tokens times top_k, and under expert parallel at most ``ep`` times the rows any one rank
-        routes to this rank's experts (every token sending ``min(top_k, local experts)`` rows)."""
+        """What one rank's expert kernel sees. torchtitan shards the experts over ``ep``, else their
+        hidden dim over ``tp``. A call's rows are the rank's tokens times top_k; under expert parallel,
+        at most ``ep`` times the rows one rank routes here (``min(top_k, local experts)`` per token)."""
         ep, tp = max(degrees.ep, 1), max(degrees.tp, 1)
         experts = arch.num_experts // ep
         tokens = cfg.training.local_batch_size * (cfg.training.seq_len // max(degrees.cp, 1))

@@ -1,17 +1,9 @@
-"""Bad input answered before the run's modules (torch, torchtitan, transformers) are imported.
+"""Bad input answered before torch, torchtitan and transformers are imported.
 
-Hydra composes the config and creates the run directory; then, in the task function:
-
-- ``answer_early``: the config typed, every number's range and every path the run reads checked
-  (``first_checks``, which preflight runs too, so both say the same). A value out of range stops
-  the command there, with every missing path beside it: exit 2, the run directory removed again.
-  Otherwise the run's modules load and preflight checks the rest, the data's content included.
-- ``every_problem``: a command line that does not compose (a typo in a key) is composed again
-  without the override at fault, so that its other problems are reported with it.
-- ``SweepCallback``: the sweep callback ``conf/config.yaml`` names, whose implementation
-  (``qwen3_trn.sweeps.sweep.SweepCallback``: launchers, reports) is imported when a multirun starts, not
-  when Hydra instantiates the callbacks of every command. The sweeper's own counts and sizes
-  (``hydra.sweeper.n_trials``, ...) are checked there, before anything is created.
+``answer_early`` types a single run's config and checks its ranges and paths (the same
+``first_checks`` preflight runs). ``every_problem`` composes a command line that did not
+compose again without the override at fault, to report its other problems too. ``SweepCallback`` checks the sweeper's keys and defers the
+rest of a multirun to ``qwen3_trn.sweeps.sweep``, imported only when a multirun starts.
 """
 
 from __future__ import annotations
@@ -45,7 +37,7 @@ def in_multirun() -> bool:
 
 
 def run_dir_pattern() -> str:
-    """``hydra.run.dir`` as configured (not resolved), "" outside a Hydra run."""
+    """Unresolved ``hydra.run.dir``; "" outside a Hydra run."""
     if not HydraConfig.initialized():
         return ""
     return str(OmegaConf.to_container(HydraConfig.get().run, resolve=False).get("dir", ""))
@@ -63,8 +55,8 @@ def timestamp_levels(pattern: str) -> int:
 
 @contextmanager
 def no_run_dir_left() -> Iterator[None]:
-    """Bad input leaves nothing behind: Hydra made the run directory before calling the task
-    function, and it is removed again (with the timestamped parents it created, while empty)."""
+    """Remove the run directory Hydra made before the task function (and its empty timestamped
+    parents) when the input is bad."""
     try:
         yield
     except ConfigError:
@@ -74,8 +66,8 @@ def no_run_dir_left() -> Iterator[None]:
 
 
 def first_checks(cfg: RunConfig, problems: Problems) -> bool:
-    """Every number's range and every path the run reads (made absolute against the working
-    directory first), their problems left in ``problems``; whether every number is in range."""
+    """Check every number's range and every path the run reads (made absolute first), leaving the
+    problems in ``problems``. Returns whether every number is in range."""
     with problems.check():
         ranges = range_problems(cfg)
         if ranges:
@@ -89,9 +81,8 @@ def first_checks(cfg: RunConfig, problems: Problems) -> bool:
 
 
 def answer_early(cfg_node: DictConfig) -> None:
-    """A single run's config typed and its ranges and paths checked (module docstring): exit 2
-    when it cannot be typed or a value is out of range. A multirun's jobs were checked by its
-    sweeper."""
+    """Exit 2 when a single run's config cannot be typed or a value is out of range. A multirun's
+    jobs were checked by its sweeper."""
     if in_multirun():
         return
     with exit_status(), no_run_dir_left():
@@ -130,7 +121,7 @@ def every_problem(exc: BaseException, overrides: list[str], conf_dir: Path) -> C
 
 
 def sweeper_problems(sweeper: DictConfig) -> list[ConfigError]:
-    """The ranges of the sweeper's own keys (its schema: ``config.store.SWEEPER_SCHEMAS``)."""
+    """The ranges of the sweeper's own keys (``config.store.SWEEPER_SCHEMAS``)."""
     schema = SWEEPER_SCHEMAS.get(str(sweeper.get("_target_")))
     if schema is None:
         return []
@@ -140,8 +131,8 @@ def sweeper_problems(sweeper: DictConfig) -> list[ConfigError]:
 
 
 class SweepCallback(Callback):
-    """``hydra.callbacks.sweep``: the sweeper's keys checked, then every hook of a multirun handed
-    to ``qwen3_trn.sweeps.sweep.SweepCallback``, imported at the multirun's start."""
+    """``hydra.callbacks.sweep``: checks the sweeper's keys, then hands every hook to
+    ``qwen3_trn.sweeps.sweep.SweepCallback``."""
 
     implementation = "qwen3_trn.sweeps.sweep:SweepCallback"
 

@@ -1,11 +1,8 @@
-"""The exit status of ``python -m qwen3_trn``: 0 done, 2 bad config or input (a ``ConfigError``,
-or Hydra's own composition errors), 1 a run that started and failed, 130 interrupted (Ctrl-C or
-SIGTERM; the run's summary says ``interrupted``).
+"""The exit status of ``python -m qwen3_trn``: 0 done, 2 bad input, 1 a started run failed,
+130 interrupted.
 
-Light on purpose (Hydra, OmegaConf and the config layer only): ``__main__`` holds the contract
-around composing, so a typo, ``--help`` or ``--cfg job`` is answered before the run's modules
-(torch, torchtitan) are imported, and a ``ConfigError`` raised while they are imported (a
-torchtitan that lacks names the project uses, ``qwen3_trn.titan``) is bad input like any other.
+Light (no torch): a ``ConfigError`` raised while the run's modules import (``qwen3_trn.titan``)
+is bad input like any other.
 """
 
 from __future__ import annotations
@@ -31,8 +28,7 @@ EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def _is_composition_error(exc: BaseException) -> bool:
-    """Raised while Hydra composed the config (not by a run): Hydra's, OmegaConf's and YAML's
-    errors, and anything raised from inside Hydra itself."""
+    """Hydra's, OmegaConf's or YAML's error, or anything raised from inside Hydra."""
     if isinstance(exc, (ConfigError, HydraException, OmegaConfBaseException, yaml.YAMLError)):
         return True
     frames = traceback.extract_tb(exc.__traceback__)
@@ -47,10 +43,8 @@ def _report(message: str, status: int) -> None:
 
 @contextmanager
 def exit_status(search_dirs: Iterable[Path] = ()) -> Iterator[None]:
-    """The command's exit-code contract around composing and running: a ConfigError or
-    composition error is one clear paragraph and exit 2, an interrupted run exits 130, a
-    failed run 1 (its traceback in the run's error.log). ``search_dirs``: the config
-    directories, to point composition errors at their file."""
+    """Bad input or a composition error: one paragraph, exit 2; interrupted: 130; a failed run: 1
+    (traceback in its error.log). ``search_dirs`` point composition errors at their file."""
     try:
         yield
     except SystemExit:
@@ -70,10 +64,8 @@ def exit_status(search_dirs: Iterable[Path] = ()) -> Iterator[None]:
 
 @contextmanager
 def imports_of_entry_point(module_name: str) -> Iterator[None]:
-    """Around the module-level imports of a ``python -m qwen3_trn.<tool>`` entry point: a
-    ConfigError raised while they import (a torchtitan that lacks what the project uses,
-    ``qwen3_trn.titan``) is bad input, exit 2, when the module runs as the command
-    (``module_name`` is ``"__main__"``); imported as a library, the error propagates."""
+    """Make a ``ConfigError`` raised by an entry point's imports exit 2 when ``module_name`` is
+    ``"__main__"``; imported as a library, it propagates."""
     try:
         yield
     except ConfigError as exc:

@@ -1,7 +1,5 @@
-"""The one error type users see for bad input: a short message naming the key and the fix.
-
-A command's independent checks collect their findings in ``Problems``, so that it reports every
-problem at once (``ConfigErrors``: one paragraph each) rather than the first one only.
+"""The error users see for bad input (the key and the fix), and ``Problems`` to report every
+finding of a command at once.
 """
 
 from __future__ import annotations
@@ -12,17 +10,15 @@ from typing import Iterator
 
 
 def first_line(exc: BaseException) -> str:
-    """The first non-blank line of an exception's message, without a closing full stop (its
-    type's name when it has none): a library's error quoted inside one of ours."""
+    """An exception's first non-blank line without its closing full stop (its type's name if
+    empty), for quoting a library's error inside ours."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0].rstrip(".") if lines else type(exc).__name__
 
 
 class ConfigError(ValueError):
-    """Raised for invalid configuration before any worker starts.
-
-    ``key`` is the dotted config key at fault; the message says how to fix it.
-    """
+    """Invalid configuration, raised before any worker starts. ``key`` is the dotted key at fault;
+    the message says how to fix it."""
 
     def __init__(self, key: str, message: str) -> None:
         self.key = key
@@ -30,17 +26,12 @@ class ConfigError(ValueError):
 
 
 class NotApplicable(ConfigError):
-    """A setting that does not apply to the chosen mode or model, e.g. ``model.top_k`` with a
-    dense flavor or ``model.hidden_dim`` with an MoE one.
-
-    A single run fails on it like on any ``ConfigError``; a multirun sweep that mixes modes
-    records the job as *skipped* (with this message) instead of failed, and goes on.
-    """
+    """A setting that does not apply to the chosen mode or model (``model.top_k`` on a dense
+    flavor). A sweep records the job as skipped instead of failed."""
 
 
 class ConfigErrors(ConfigError):
-    """Several problems of one command, reported together: one paragraph each, in the order
-    the checks found them."""
+    """Several problems of one command, one paragraph each, in the order found."""
 
     def __init__(self, errors: list[ConfigError]) -> None:
         self.errors = errors
@@ -54,7 +45,7 @@ class NotApplicableErrors(ConfigErrors, NotApplicable):
 
 
 def grouped(errors: list[ConfigError]) -> ConfigError:
-    """One error for ``errors``: the error itself when there is one."""
+    """One error for ``errors``: the error itself when there is only one."""
     if len(errors) == 1:
         return errors[0]
     if all(isinstance(error, NotApplicable) for error in errors):
@@ -63,12 +54,9 @@ def grouped(errors: list[ConfigError]) -> ConfigError:
 
 
 class Problems:
-    """The findings of a command's independent checks, gathered so that all are reported at once.
-
-    Each check runs under ``check()``; a ``ConfigError`` it raises is kept and the next check
-    runs. ``stop_if_any()`` raises them together where a later check would be meaningless
-    without what failed (a layout cannot be sized for a model whose size is out of range).
-    """
+    """Findings of a command's independent checks. Each check runs under ``check()``, which keeps
+    its ``ConfigError`` and goes on; ``stop_if_any()`` raises them together where later checks need
+    what failed."""
 
     def __init__(self) -> None:
         self.found: list[ConfigError] = []
@@ -91,8 +79,8 @@ class Problems:
 
 
 def describe_error(exc: BaseException) -> str:
-    """One line: for a multi-rank job, the first failing rank's own error (torch elastic's
-    ``ChildFailedError``), not the launcher's banner."""
+    """One line; for a multi-rank job, the first failing rank's own error, not torch elastic's
+    banner."""
     if hasattr(exc, "get_first_failure"):
         try:
             rank, failure = exc.get_first_failure()
@@ -113,7 +101,7 @@ def describe_error(exc: BaseException) -> str:
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """A run stopped by a signal (Ctrl-C, SIGTERM): its summary says *interrupted*, exit status 130."""
+    """A run stopped by a signal: summary *interrupted*, exit status 130."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"stopped by signal {signum}")

@@ -1,6 +1,6 @@
-"""Log silencing for the launching process, which probes libraries (torchtitan, datasets,
-tokenizers) before a run starts: the console then gets only the project's own summary, and the
-libraries speak again in the ranks' logs."""
+"""Log silencing for the launching process while it probes libraries before a run; they speak
+again in the ranks' logs.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ __all__ = ["logging_disabled"]
 
 @contextmanager
 def logging_disabled(level: int) -> Iterator[None]:
-    """Drop every log record at ``level`` or below inside the block (``logging.disable``), then
-    restore the threshold that was in force before."""
+    """Drop log records at ``level`` or below inside the block, then restore the threshold."""
     previous = logging.root.manager.disable
     logging.disable(level)
     try:

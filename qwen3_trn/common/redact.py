@@ -1,14 +1,9 @@
-"""Secrets never reach a file: values of secret-looking environment variables are redacted.
+"""Secret-looking environment values (names with TOKEN, KEY, SECRET, ...) never reach a file.
 
-A variable looks secret when its name contains TOKEN, KEY, SECRET, PASSWORD, PASSWD, CREDENTIAL
-or PRIVATE (``WANDB_API_KEY``, ``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``). Such values, from this
-process's environment or from ``launcher.env``, still reach the ranks and Slurm jobs through
-their environment; in what the project writes they are replaced:
-
-- structurally: ``launcher.env`` entries (and any config leaf) with a secret-looking name and
-  ``key=value`` overrides of such keys read ``<redacted>``;
-- by value, as a last guard in every writer of ``qwen3_trn.results.records`` and in the rank logs: any
-  known secret value (8 characters or more, and not a path that exists) found in the text.
+They still reach ranks and jobs through the environment. In what the project writes they are
+redacted by key (``launcher.env`` entries, config leaves, overrides) and, as a last guard in
+every writer and rank log, by value (known values of 8 characters or more that are not an
+existing path). User-facing behaviour: docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -41,8 +36,7 @@ def is_redacted(value: Any) -> bool:
 
 
 def passed_env(env: Mapping[str, Any]) -> dict[str, str]:
-    """What a process exports of a (saved) ``launcher.env``: redacted entries are left out,
-    their values come with the environment the process was started in."""
+    """A saved ``launcher.env`` without its redacted entries: those come from the environment."""
     return {str(key): str(value) for key, value in env.items() if not is_redacted(value)}
 
 
@@ -59,8 +53,7 @@ def redact_tree(node: Any) -> Any:
 
 
 def redact_dump(node: Any) -> Any:
-    """A dumped config or override list (Hydra's own files): secret keys and ``key=value``
-    strings of secret keys redacted."""
+    """A dumped config or override list with secret keys and their ``key=value`` strings redacted."""
     node = redact_tree(node)
     if isinstance(node, dict):
         return {k: redact_dump(v) for k, v in node.items()}
@@ -104,13 +97,13 @@ def redact_overrides(overrides: Iterable[str]) -> list[str]:
 
 
 def redact_argv() -> None:
-    """This process's ``sys.argv`` with secret overrides redacted, once the command line has
-    been parsed: libraries that record it (wandb's run metadata) then never see the values."""
+    """Redact secret overrides in ``sys.argv`` once parsed, before libraries record it (wandb's
+    run metadata)."""
     sys.argv[1:] = redact_overrides(sys.argv[1:])
 
 
 def remember(values: Iterable[Any]) -> None:
-    """Values to scrub besides the environment's (``launcher.env`` values of this run)."""
+    """Values to scrub besides the environment's (this run's ``launcher.env``)."""
     _registered.update(str(v) for v in values if v is not None and not is_redacted(v))
 
 
@@ -150,8 +143,7 @@ class RedactingFormatter(logging.Formatter):
 
 
 class RedactingFilter(logging.Filter):
-    """A handler filter that scrubs the messages of other libraries' loggers (Hydra's job
-    launch lines list every override)."""
+    """Scrubs other libraries' log messages (Hydra's launch lines list every override)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.msg, record.args = scrub(record.getMessage()), ()

@@ -1,17 +1,8 @@
-"""Hydra's and OmegaConf's composition errors as one clear ``ConfigError``.
+"""Hydra's and OmegaConf's composition errors as one ``ConfigError``: the library's first line,
+the key, where it was given (file, line and column, or the override) and the fix.
 
-A malformed YAML file, an unknown key, a value of the wrong type or an option that does not
-exist, whether in ``conf/``, in a ``--config-dir`` file or on the command line, becomes a
-``ConfigError`` that keeps the library's own message (its first line) and adds the key, where it
-was given (the file with line and column, or the override) and the fix, instead of Hydra's
-report and exit status 1.
-
-Nothing here reads the libraries' wording. The key, the value and the declared type come from
-the exceptions' attributes (OmegaConf's ``full_key``, ``key`` and ``object_type``; Hydra's
-``MissingConfigException.missing_cfg_file`` and ``options``; ``OverrideParseException.override``),
-the kind of problem from the exception's type, and the input Hydra was composing when it failed
-from the Hydra object on the failing call stack: the command line's ``Override`` or the config
-file's ``ResultDefault``.
+Nothing here parses the libraries' wording: the key, value and type come from the exceptions'
+attributes, and the input being composed from the Hydra object on the failing call stack.
 """
 
 from __future__ import annotations
@@ -53,16 +44,15 @@ def _field(cls: Any, name: str) -> dataclasses.Field | None:
 
 
 def _option_name(cls: type) -> str | None:
-    """The option of its group a schema class is (the default of its ``name``), if it is one
-    (registered in its group's ``options``: not the group's base or a shared intermediate)."""
+    """The option name a schema class registers (the default of its ``name``), or None."""
     field = _field(cls, "name")
     name = field.default if field is not None and isinstance(field.default, str) else None
     return name if getattr(cls, "options", {}).get(name) is cls else None
 
 
 def _sibling_schemas(exc: OmegaConfBaseException) -> list[type]:
-    """The other schemas the key's parent could have: for a group with a schema per option
-    (``launcher``), every option's, as subclasses of the group's base (OmegaConf's ``ref_type``)."""
+    """Every schema the key's parent could have: for a group with a schema per option, each
+    option's (subclasses of OmegaConf's ``ref_type``)."""
     found, todo = [], [exc.ref_type] if dataclasses.is_dataclass(exc.ref_type) else []
     while todo:
         cls = todo.pop()
@@ -129,8 +119,8 @@ def _clean_key(key: str) -> str:
 
 
 def describe_value_problem(exc: OmegaConfBaseException, where: str = "") -> ConfigError:
-    """A ConfigError for OmegaConf's error about a key: its message, the key, where it was given
-    and the fix, by the error's type (an unknown key, a value of the wrong type)."""
+    """A ConfigError for OmegaConf's error about a key (an unknown key, a value of the wrong type):
+    its message, the key, where it was given and the fix."""
     key = _clean_key(exc.full_key or "config")
     said = f"{first_line(exc)}{f' ({where})' if where else ''}"
     if isinstance(exc, (ConfigKeyError, ConfigAttributeError)):
@@ -141,9 +131,8 @@ def describe_value_problem(exc: OmegaConfBaseException, where: str = "") -> Conf
 
 
 def refuse_shadowed_config_files(config_dirs: Iterable[Path], packaged: Path) -> None:
-    """Hydra searches the packaged ``conf/`` before a ``--config-dir``, so a file there with the
-    name of a packaged one (``config.yaml``, ``model/tiny.yaml``) would never be read: refuse it
-    rather than train without the user's file."""
+    """Refuse a ``--config-dir`` file named like a packaged one (``config.yaml``,
+    ``model/tiny.yaml``): Hydra searches the packaged ``conf/`` first, so it would never be read."""
     for config_dir in config_dirs:
         if not config_dir.is_dir() or config_dir.resolve() == packaged.resolve():
             continue
@@ -192,8 +181,8 @@ def _cause_chain(exc: BaseException) -> Iterable[BaseException]:
 
 
 def _failing_input(exc: BaseException) -> Override | ResultDefault | None:
-    """What Hydra was composing when ``exc`` was raised: the innermost command-line ``Override``
-    or config file (``ResultDefault``) held by a frame of the failing call stack."""
+    """The innermost command-line ``Override`` or config file (``ResultDefault``) held by a frame of
+    ``exc``'s call stack."""
     for link in _cause_chain(exc):
         for frame, _ in reversed(list(traceback.walk_tb(link.__traceback__))):
             found = next((v for v in frame.f_locals.values() if isinstance(v, (Override, ResultDefault))), None)

@@ -1,9 +1,4 @@
-"""Reading the user's files with errors that say where: the file, its line and its column.
-
-``read_json_file`` turns a malformed JSON file into a ``ConfigError`` naming the key that
-pointed at it, the file, the line and column; ``yaml_position`` finds where a dotted key sits in
-a YAML file, so that a composition error about a value can point at its line.
-"""
+"""Reading the user's files with errors that name the file, line and column."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""The facts of each config key, declared on the key itself: its schema field.
+"""Each config key's facts, declared on its schema field.
 
 ``key(default, ge=1, path=PathKind.read, hint="...")`` is a dataclass field whose metadata holds
-the key's ``KeyFacts``: the valid range of a number (``Range``, checked by ``ranges``), what a
-path key names (``PathKind``: made absolute and checked by ``paths``) and what to give when the
-key has no value or names nothing (``hint``). A new key is one line of its schema, and every
-check reads it there.
+the key's ``KeyFacts``: its range (checked by ``ranges``), what a path names (``paths``) and what
+to give when it has no value (``hint``). A new key is one line of its schema.
 """
 
 from __future__ import annotations
@@ -104,13 +102,13 @@ def hint_of(cls: type, name: str) -> str | None:
 
 
 def default_of(field: dataclasses.Field) -> Any:
-    """The field's default value (None when it has none, or a factory's)."""
+    """The field's default (a factory's result; None without one)."""
     return None if field.default is dataclasses.MISSING else field.default
 
 
 def leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, Any]]:
-    """(dotted key, field, value) of every leaf of a typed config: nested configs are walked, and
-    a group with a schema per option holds the chosen option's keys."""
+    """(dotted key, field, value) of every leaf of a typed config; a group with a schema per option
+    holds the chosen option's keys."""
     for field in dataclasses.fields(node):
         value, dotted = getattr(node, field.name), f"{prefix}{field.name}"
         if dataclasses.is_dataclass(value):
@@ -127,7 +125,7 @@ def _unwrapped(hint: Any) -> Any:
 
 def schema_fields(cls: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field]]:
     """(dotted key, field) of every key a config of ``cls`` may hold: for a group with a schema per
-    option (``options.OptionConfig``), the keys of every registered option (each key once)."""
+    option, every registered option's keys, each once."""
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
         hint, dotted = _unwrapped(hints[field.name]), f"{prefix}{field.name}"

@@ -1,13 +1,8 @@
-"""The schema of every option of the groups whose options have keys of their own (``backend``,
-``launcher``, ``data``): plain dataclasses, each registered in its group's ``options`` when
-defined here (``options.py``).
+"""The schema of every option of the ``backend``, ``launcher`` and ``data`` groups.
 
-Each is the ``Config`` of the class that implements the option, in a higher layer
-(``NativeBackend.Config``, ``LocalLauncher.Config``, ``HubSource.Config``), which becomes the
-Config's ``_owner``. They are defined here, apart from those classes, so that composing,
-typing and checking a config (a typo, ``--help``, ``--cfg job``) imports neither torch nor
-torchtitan: the implementations load only for a run. A new option is its Config here, its class
-and its ``conf/<group>/<name>.yaml``.
+Each is the ``Config`` of the class in a higher layer that implements the option and becomes its
+``_owner``. They live here so that composing and checking a config imports neither torch nor
+torchtitan. A new option is its Config here, its class, and its ``conf/<group>/<name>.yaml``.
 """
 
 from __future__ import annotations
@@ -117,8 +112,8 @@ class SplitSourceConfig(DataConfig):
 
 @dataclass
 class FilesSourceConfig(SplitSourceConfig):
-    """Local text files. Held-out text for validation: ``val_path`` (files like ``path``), else
-    ``val_fraction`` of the documents, which training then never sees (0: none held out)."""
+    """Local text files. Validation reads ``val_path``, else holds out ``val_fraction`` of the
+    documents (0: none)."""
 
     name: str = "files"
     path: str = key(
@@ -128,8 +123,8 @@ class FilesSourceConfig(SplitSourceConfig):
 
 @dataclass
 class HubSourceConfig(SplitSourceConfig):
-    """A Hugging Face dataset by id (``path``). Held-out text: ``val_path`` (local files), else
-    ``val_split`` (a split of the same dataset), else ``val_fraction`` of the documents."""
+    """A Hugging Face dataset by id (``path``). Validation reads ``val_path``, else ``val_split``,
+    else holds out ``val_fraction`` of the documents."""
 
     name: str = "hub"
     path: str = key(

@@ -1,15 +1,9 @@
 """Config groups whose options have keys of their own (``backend``, ``launcher``, ``data``).
 
-In torchtitan's configurable style, each option is a class with a ``Config`` dataclass
-(``NativeBackend.Config``), the class defined in the option's own module of a higher layer and
-its Config in ``option_schemas`` (so that a config is composed and checked without importing
-the implementations, nor torch). The group's base config here (``BackendConfig``) holds the keys
-every option shares and the ``name`` that chooses one; subclassing it registers the option's
-Config in the group's one registry (``<GroupConfig>.options``, keyed by the option's ``name``),
-and the class that takes a Config as its ``Config`` becomes its ``_owner``, which
-``Config.build()`` makes (once ``qwen3_trn.groups`` imported every implementation). Hydra's
-ConfigStore entries (``store``), typing a composed config (``typed``) and every builder look
-options up there.
+In torchtitan's configurable style, each option is a class with a ``Config``: the class lives in a
+higher layer, its Config in ``option_schemas``. Subclassing a group's base config registers the
+option in ``<GroupConfig>.options`` by ``name``; the class whose ``Config`` it is becomes its
+``_owner``, which ``Config.build()`` makes once ``qwen3_trn.groups`` imported every implementation.
 """
 
 from __future__ import annotations
@@ -22,8 +16,8 @@ from typing import Any, ClassVar, Iterable, Optional
 
 @dataclass
 class OptionConfig:
-    """The base of a group's config; a subclass that sets ``group`` is a group, one that sets
-    ``name`` an option of the group it derives from."""
+    """A group's base config (a subclass that sets ``group``) or one of its options (a subclass
+    that sets ``name``)."""
 
     name: str
     # The config group this base types (set by the group's base class only).
@@ -45,28 +39,27 @@ class OptionConfig:
 
     @classmethod
     def registered(cls) -> dict[str, type[OptionConfig]]:
-        """The group's options; none at all means their modules were never imported."""
+        """The group's options; none means their modules were never imported."""
         if not cls.options:
             raise RuntimeError(f"no {cls.group} option is registered; import qwen3_trn.config.option_schemas first.")
         return cls.options
 
     @classmethod
     def default(cls) -> OptionConfig:
-        """The group's default option (its base's ``name``) as that option's Config, with the
-        option's own keys; the base itself while no option is registered."""
+        """The default option's Config (the base's ``name``), or the base itself while no option is
+        registered."""
         option = cls.options.get(cls.name)
         return option() if option is not None else cls()
 
     def build(self) -> Any:
-        """The object this option configures, made from this config."""
         if self._owner is None:
             raise RuntimeError(f"no {self.group} builds {type(self).__name__}; import qwen3_trn.groups first.")
         return self._owner(config=self)
 
 
 class Configurable:
-    """A class built from its ``Config`` (an ``OptionConfig`` subclass, nested or assigned):
-    defining the class makes it the Config's ``_owner``, as torchtitan's ``Configurable`` does."""
+    """A class built from its ``Config``; defining it makes it the Config's ``_owner``, as
+    torchtitan's ``Configurable`` does."""
 
     Config: ClassVar[type[OptionConfig]]
 
@@ -85,7 +78,6 @@ class Configurable:
 
 
 def import_submodules(package: str, path: Iterable[str]) -> None:
-    """Import every module of ``package`` (its ``__name__`` and ``__path__``), so that each option
-    defined there registers itself."""
+    """Import every module of ``package``, so each option defined there registers itself."""
     for module in pkgutil.iter_modules(path):
         importlib.import_module(f"{package}.{module.name}")

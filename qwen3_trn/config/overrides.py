@@ -15,7 +15,7 @@ def override_key(override: str) -> str:
 
 
 def override_values(overrides: list[str]) -> dict[str, str]:
-    """Each override's key and its value as written (sweeps: the whole list, ``1,2,4``)."""
+    """Each override's key and its value as written (a sweep's whole list, ``1,2,4``)."""
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except Exception:  # noqa: BLE001 - Hydra has already refused malformed overrides by now

@@ -1,13 +1,8 @@
-"""Every path key, found by its kind (``keys.PathKind`` on the key), made absolute and checked.
+"""Every path key, found by its kind (``keys.PathKind``), made absolute and checked.
 
-- ``absolute_paths``: every local path, relative or absolute, resolved against the directory the
-  command ran in, so that ranks (which may start elsewhere: a Slurm node, torchrun) and
-  torchtitan (which refuses a relative ``initial_load_path``) get absolute paths;
-- ``path_problems``: every path the run reads exists (data files, tokenizer, checkpoints, initial
-  weights); what is inside is checked by their own readers (``qwen3_trn.run.inputs``) once the config
-  is in range.
-
-Light, as the whole config layer: checked before the run's modules are imported.
+Paths are made absolute against the command's directory, because ranks may start elsewhere and
+torchtitan refuses a relative ``initial_load_path``. Only existence is checked here; what a file
+holds is checked by its reader (``qwen3_trn.run.inputs``).
 """
 
 from __future__ import annotations
@@ -99,8 +94,7 @@ KINDS: dict[PathKind, tuple[Callable[[str], bool], Callable[[str, str, str | Non
 
 
 def local_paths(cfg: Any) -> Iterator[tuple[str, Any, str, PathKind, str | None]]:
-    """(dotted key, its section, field name, kind, hint) of every path key of the typed config
-    ``cfg`` whose value names a local path."""
+    """(dotted key, section, field name, kind, hint) of every path key naming a local path."""
     for dotted, field, value in leaves(cfg):
         kind = facts(field).path
         if kind is None or not value or not KINDS[kind][0](str(value)):
@@ -112,8 +106,7 @@ def local_paths(cfg: Any) -> Iterator[tuple[str, Any, str, PathKind, str | None]
 
 
 def absolute_paths(cfg: Any, cwd: str | Path | None = None) -> Any:
-    """``cfg`` (changed in place) with every relative local path made absolute against ``cwd``
-    (the directory the command ran in)."""
+    """Make every relative local path of ``cfg`` absolute against ``cwd``, in place."""
     base = Path(cwd or os.getcwd())
     for _, section, name, _, _ in list(local_paths(cfg)):
         path = Path(str(getattr(section, name))).expanduser()

@@ -1,11 +1,7 @@
 """Every number's range, read from its key (``keys.key(..., ge=1)``), checked.
 
-A bound is a number or another key (``le="training.steps"``). ``check_ranges`` runs before
-the run's modules are imported (``qwen3_trn.cli.early``) and again among preflight's checks, so a
-value out of range is a ``ConfigError`` naming the key, the bound and the default before
-anything is prepared; every such key is reported at once. Every float key must also be finite
-(no ``inf``/``nan``). Keys of an option the run does not use (``launcher.partition`` with
-``launcher=local``) are not in its typed config, and unset optional keys (None) are not checked.
+A bound is a number or another key (``le="training.steps"``); every float must be finite.
+Unset optional keys and keys of options the run does not use are not checked.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ _MISSING = object()
 
 
 def lookup(cfg: Any, key: str) -> Any:
-    """The value of a dotted key on a typed config, or ``_MISSING`` when the chosen option has no such key."""
+    """The value of a dotted key, or ``_MISSING`` when the chosen option has no such key."""
     node = cfg
     for part in key.split("."):
         node = getattr(node, part, _MISSING)
@@ -34,7 +30,7 @@ def lookup(cfg: Any, key: str) -> Any:
 
 
 def all_ranges(schema: type = RunConfig) -> dict[str, Range]:
-    """The range of every ranged key of ``schema``, those of every registered option included."""
+    """The range of every ranged key of ``schema``, every registered option's included."""
     return {dotted: facts(field).range for dotted, field in schema_fields(schema) if facts(field).range}
 
 
@@ -68,8 +64,8 @@ def _default_hint(field: Any) -> str:
 
 
 def range_problems(cfg: Any, prefix: str = "") -> list[ConfigError]:
-    """A ``ConfigError`` for every float key of the typed config ``cfg`` that is not finite and
-    every ranged key whose value is out of range; ``prefix`` goes before the keys it names."""
+    """A ``ConfigError`` for every non-finite float and out-of-range key of ``cfg``; ``prefix``
+    goes before the keys named."""
     problems, not_finite = [], []
     for dotted, field, value in leaves(cfg):
         if isinstance(value, float) and not math.isfinite(value):
@@ -88,7 +84,7 @@ def range_problems(cfg: Any, prefix: str = "") -> list[ConfigError]:
 
 
 def check_ranges(cfg: Any, prefix: str = "") -> None:
-    """A ``ConfigError`` naming every out-of-range or non-finite key (``range_problems``)."""
+    """Raise every out-of-range or non-finite key together."""
     problems = range_problems(cfg, prefix)
     if problems:
         raise grouped(problems)

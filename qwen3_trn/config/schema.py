@@ -1,12 +1,9 @@
 """Typed schema of every config group.
 
-Each group is a dataclass registered in Hydra's ConfigStore (see ``store.py``); a group whose
-options have different keys (``backend``, ``launcher``, ``data``) has its base here and one
-``Config`` per option in ``option_schemas.py`` (``options.py``), so a key that does not
-belong to the chosen option is refused at composition. Choices are Enums. What else is known
-of a key is on its field (``keys.key``): a number's range, what a path names, what to give when
-it has no value. The YAML files under ``conf/`` only choose values inside these shapes and never
-restate a default.
+Each group is a dataclass registered in Hydra's ConfigStore (``store``); the ``backend``,
+``launcher`` and ``data`` groups have their base here and one Config per option in
+``option_schemas``. A key's range, path kind and hint are on its field (``keys.key``). The YAML
+under ``conf/`` only chooses values and never restates a default.
 """
 
 from __future__ import annotations
@@ -119,9 +116,7 @@ class RendezvousBackend(Choice):
 
 @dataclass
 class BackendConfig(OptionConfig):
-    """Which training mode builds the model: ``backend=<name>`` picks one of the option
-    Configs (``option_schemas``, ``BackendConfig.options``), and its ``build()`` makes that
-    backend (``qwen3_trn.backends``)."""
+    """Which training mode builds the model (``backend=<name>``; ``qwen3_trn.backends``)."""
 
     group: ClassVar[str] = "backend"
     name: str = "native"
@@ -187,9 +182,7 @@ class CompileConfig:
 
 @dataclass
 class DataConfig(OptionConfig):
-    """Where training text comes from: ``data=<name>`` picks one of the option Configs
-    (``option_schemas``, ``DataConfig.options``), each holding only the keys that source
-    (``qwen3_trn.data.sources``) reads."""
+    """Where training text comes from (``data=<name>``; ``qwen3_trn.data.sources``)."""
 
     group: ClassVar[str] = "data"
     name: str = "embedded"
@@ -266,8 +259,8 @@ class CheckpointConfig:
 
 @dataclass
 class ValidationConfig:
-    """Held-out loss through torchtitan's Validator (``qwen3_trn.run.validation``): after step 1,
-    every ``interval`` steps and at the last step, on the same tokens each time."""
+    """Held-out loss through torchtitan's Validator: after step 1, every ``interval`` steps and at
+    the last step, on the same tokens each time."""
 
     enable: bool = True
     interval: int = key(10, ge=1, note="validate every n steps; or validation=off")
@@ -311,9 +304,8 @@ class LoggerConfig:
 
 @dataclass
 class LauncherConfig(OptionConfig):
-    """How ranks are started: ``launcher=<name>`` picks one of the option Configs
-    (``option_schemas``, ``LauncherConfig.options``) of ``qwen3_trn.launch``; every launcher starts a node's ranks with
-    PyTorch's elastic launcher (torchrun's engine)."""
+    """How ranks are started (``launcher=<name>``; ``qwen3_trn.launch``); every launcher starts a
+    node's ranks with torch's elastic launcher."""
 
     group: ClassVar[str] = "launcher"
     name: str = "local"
@@ -352,9 +344,8 @@ class FitConfig:
 
 @dataclass
 class TrialConfig:
-    """The Optuna trial a job of a search runs (``qwen3_trn.sweeps.search``); set by the search sweeper
-    for each trial, null outside a search. Its validation losses are reported to the trial,
-    whose pruner may stop the run (status ``pruned``)."""
+    """The Optuna trial of a search's job, set by the search sweeper (null outside a search); its
+    pruner may stop the run (status ``pruned``)."""
 
     storage: Optional[str] = None  # the study's storage URL (sqlite:///<sweep dir>/optuna.db)
     study: Optional[str] = None
@@ -377,8 +368,8 @@ class SweepConfig:
 
 @dataclass
 class RunConfig:
-    """The whole composed configuration of one job. ``backend``, ``data`` and ``launcher`` default
-    to their group's default option (``OptionConfig.default``), as ``conf/config.yaml`` chooses."""
+    """One job's whole configuration. ``backend``, ``data`` and ``launcher`` default to their
+    group's default option, as ``conf/config.yaml`` chooses."""
 
     backend: BackendConfig = field(default_factory=BackendConfig.default)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -406,6 +397,6 @@ class RunConfig:
 
 
 def option_groups() -> dict[str, type[OptionConfig]]:
-    """The groups of ``RunConfig`` whose options have a schema each, by group: their base configs."""
+    """The groups with a schema per option, by group: their base configs."""
     hints = typing.get_type_hints(RunConfig)
     return {f.name: hints[f.name] for f in fields(RunConfig) if isinstance(hints[f.name], type) and issubclass(hints[f.name], OptionConfig)}

@@ -1,10 +1,8 @@
 """Registers the typed schema in Hydra's ConfigStore.
 
-``conf/config.yaml`` lists ``run_schema`` first in its defaults, so every group's YAML is
-merged onto the typed ``RunConfig``. Each option of a group with a schema per option is stored
-as ``schema/<group>/<option>`` (its Config, ``option_schemas``), which the option's YAML names in
-its defaults (``/schema/backend@_here_: native``), so a key that does not belong to the chosen
-option is refused at composition.
+``conf/config.yaml`` lists ``run_schema`` first, so every group's YAML merges onto ``RunConfig``.
+Each option's Config is stored as ``schema/<group>/<option>``, which its YAML names in its
+defaults, so a key the chosen option lacks is refused at composition.
 """
 
 from dataclasses import dataclass, field
@@ -23,8 +21,7 @@ SEARCH_SWEEPER_NAME = "qwen3_trn_search"
 
 @dataclass
 class CheckedSweeperConf:
-    """``hydra/sweeper=qwen3_trn`` (the default): Hydra's basic sweeper's settings, with
-    preflight and resume (``qwen3_trn.sweeps.sweeper``)."""
+    """``hydra/sweeper=qwen3_trn`` (default): Hydra's basic sweeper with preflight and resume."""
 
     _target_: str = "hydra_plugins.qwen3_trn_sweeper.Qwen3TrnSweeper"
     max_batch_size: Optional[int] = key(None, ge=1)
@@ -33,9 +30,8 @@ class CheckedSweeperConf:
 
 @dataclass
 class SearchSweeperConf:
-    """``hydra/sweeper=qwen3_trn_search`` (chosen by ``hparams_search=<name>``): an Optuna study
-    of ``n_trials`` trials over ``params`` (Hydra's sweep grammar), minimising the final
-    validation loss, with the sampler and pruner named here (``qwen3_trn.sweeps.search``)."""
+    """``hydra/sweeper=qwen3_trn_search`` (``hparams_search=<name>``): an Optuna study of
+    ``n_trials`` trials over ``params``, minimising the final validation loss."""
 
     _target_: str = "hydra_plugins.qwen3_trn_search.Qwen3TrnSearchSweeper"
     n_trials: int = key(10, ge=1)
@@ -56,8 +52,8 @@ SWEEPER_SCHEMAS: dict[str, type] = {schema._target_: schema for schema in (Check
 
 
 def run_schema() -> DictConfig:
-    """``RunConfig`` with each per-option group typed by its base class, so that composing any
-    option's schema (a subclass) onto it is allowed."""
+    """``RunConfig`` with each per-option group typed by its base class, so that any option's
+    schema may be composed onto it."""
     node = OmegaConf.structured(RunConfig)
     for group, base in option_groups().items():
         node[group] = OmegaConf.structured(base)

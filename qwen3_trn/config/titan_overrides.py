@@ -1,7 +1,5 @@
-"""The escape hatch: set any torchtitan ``Trainer.Config`` field by its dotted path.
-
-``+titan.comm.init_timeout_seconds=600`` reaches fields no config group models. Paths are
-checked against the real dataclasses; a wrong name fails with the closest real names.
+"""The escape hatch: ``+titan.<dotted.path>=<value>`` sets any torchtitan ``Trainer.Config``
+field. Paths are checked against the real dataclasses; a wrong one names the closest.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """A composed (or saved) config as the typed ``RunConfig``.
 
-Re-merging onto the schema refuses keys added with ``+`` that the schema lacks (Hydra lets
-``+key=`` through a structured config), and a group with a schema per option is typed by the
-option its ``name`` names (``backend.name``, ``launcher.name``, ``data.name``; the group's
-registry: ``options.py``). Every numeric key is then checked against its range (``ranges``).
+Re-merging onto the schema refuses ``+key=`` overrides the schema lacks (Hydra lets them through),
+types each per-option group by its ``name``, and checks every range (``ranges``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
-"""Locations of the text corpus and tokenizer shipped inside ``qwen3_trn``.
-
-The files live in ``qwen3_trn/data/assets/`` (built from a checkout by
+"""The text corpus and tokenizer shipped in ``qwen3_trn/data/assets/`` (built by
 ``python tools/build_assets.py``)::
 
     load_dataset("json", data_files=str(corpus_path()), split="train")
     HuggingFaceTokenizer(tokenizer_path=str(tokenizer_dir()))
 
-Load the corpus files by name (``data_files=``), not by handing ``datasets`` the
-assets directory: its split inference would read ``corpus_val`` as the only split.
+Load the corpus by file name: given the directory, ``datasets`` infers ``corpus_val`` as the
+only split.
 """
 
 from __future__ import annotations
@@ -51,7 +49,7 @@ def missing_assets(root: Path) -> list[str]:
 
 
 def ensure_assets(root: Path = PACKAGED_ASSETS_DIR) -> Path:
-    """``root`` when it holds every asset, else a ``MissingAssetsError`` naming what is missing."""
+    """``root``; raises ``MissingAssetsError`` naming what is missing."""
     missing = missing_assets(root)
     if missing:
         raise MissingAssetsError(

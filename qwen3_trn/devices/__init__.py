@@ -1,7 +1,5 @@
-"""Device types the project trains on, and how ``device=auto`` picks one.
-
-``DEVICES`` maps a device name to a probe that returns a ``DeviceSpec`` when the device is
-present on this machine, or the reason it is not.
+"""Device types the project trains on, and how ``device=auto`` picks one: ``DEVICES`` maps a
+name to a probe returning a ``DeviceSpec``, or why the device is absent.
 """
 
 from __future__ import annotations
@@ -99,7 +97,7 @@ SHARED_RANK_ENV: dict[str, Callable[[Path], dict[str, str]]] = {
 
 
 def planned_device(name: str) -> DeviceSpec:
-    """A device that is not on this machine, described well enough to plan a run for it."""
+    """A device not on this machine, described well enough to plan a run for it."""
     return DeviceSpec(type=name, count=0, default_attention=DEFAULT_ATTENTION[name])
 
 

@@ -1,7 +1,6 @@
 """CPU adapter: the torchtitan 0.3 behaviours that assume an accelerator, adapted for CPU.
 
-Everything here is applied only when the resolved device is ``cpu``; CUDA and Neuron run
-torchtitan untouched. Each adaptation names the torchtitan behaviour it works around.
+Applied only when the resolved device is ``cpu``; each adaptation names what it works around.
 """
 
 from __future__ import annotations
@@ -54,9 +53,8 @@ def _total_memory_bytes() -> int:
 
 
 class CpuDeviceModule:
-    """Answers the ``torch.cuda``-style calls torchtitan's trainer and
-    ``DeviceMemoryMonitor`` make on ``device_module`` (``torch.cpu`` lacks most of them).
-    Memory figures are the process's resident set: peak RSS stands in for peak allocation."""
+    """The ``torch.cuda``-style calls torchtitan's trainer and ``DeviceMemoryMonitor`` make on
+    ``device_module`` (``torch.cpu`` lacks most). Peak RSS stands in for peak allocation."""
 
     def set_device(self, device) -> None:  # one CPU "device"; nothing to select
         pass
@@ -119,11 +117,8 @@ _MODULES_HOLDING_DEVICE_NAMES = (
 
 @functools.cache
 def measured_peak_flops(dtype_name: str) -> float:
-    """Dense matmul FLOP/s this CPU reaches in ``dtype_name`` (measured once, cached on disk).
-
-    torchtitan's peak table has no CPU entry and falls back to an A100's figure, which makes
-    its MFU meaningless here; this is the honest denominator instead.
-    """
+    """Dense matmul FLOP/s this CPU reaches in ``dtype_name``, measured once and cached: torchtitan
+    has no CPU peak and falls back to an A100's, which makes MFU meaningless here."""
     key = f"{platform.processor() or platform.machine()}|{torch.__version__}|{torch.get_num_threads()}|{dtype_name}"
     cache = cache_dir() / "cpu_peak_flops.json"
     try:
@@ -171,14 +166,10 @@ def activate(compute_dtype: str = "float32") -> None:
 class ReduceInPlaceAtOneRank(ReduceScatter):
     """FSDP2's reduce-scatter at one rank, without its copy.
 
-    At one rank ``foreach_reduce`` allocates the reduce-scatter input (the unit's gradients cast
-    into one flat reduce-dtype buffer), allocates an output of the same size, copies the input
-    into it and hands views of the output out as the gradient shards. Giving back the input as
-    the output makes that copy a no-op: the gradients are the same values, one full-size buffer
-    and one pass over every gradient fewer per step (benchmarks/moe_profile.py: the reduce was
-    the largest part of a debugmodel_moe step, its parameters being many times its per-token
-    compute). Nothing writes to the input after the copy, so sharing it is safe.
-    """
+    At one rank ``foreach_reduce`` copies the flat reduce-scatter input into an output of the same
+    size; handing back the input as the output makes the copy a no-op: one full-size buffer and one
+    pass over every gradient fewer per step (the largest part of a debugmodel_moe step,
+    benchmarks/moe_profile.py). Nothing writes to the input after, so sharing it is safe."""
 
     def __init__(self) -> None:
         self._input: torch.Tensor | None = None
@@ -195,14 +186,9 @@ class ReduceInPlaceAtOneRank(ReduceScatter):
 
 
 def _adapt_fsdp(parallelize_fn):
-    """torchtitan sets ``set_gradient_divide_factor(1.0)`` on FSDP modules, which makes FSDP2
-    reduce with ``ReduceOp.PREMUL_SUM``; gloo rejects that op. Forcing a plain SUM keeps the
-    same gradients (torchtitan already scales the loss by the global token count).
-
-    At one rank FSDP's "reduce" is a copy, but with a divide factor set it first materialises
-    ``grads / 1.0``: a full-size temporary and a pass over every gradient each step. Without a
-    factor it copies; dividing by 1.0 is exact, so the gradients are bit-identical. The copy
-    itself is removed by ``ReduceInPlaceAtOneRank``."""
+    """Make FSDP reduce with a plain SUM: torchtitan's ``set_gradient_divide_factor(1.0)`` makes it
+    use ``PREMUL_SUM``, which gloo rejects, and at one rank materialise ``grads / 1.0`` every step.
+    The gradients stay bit-identical (torchtitan already scales the loss by the global token count)."""
 
     @functools.wraps(parallelize_fn)
     def parallelize(model, **kwargs):

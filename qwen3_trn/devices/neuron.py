@@ -1,21 +1,6 @@
-"""Trainium (torch-neuronx) rules a run follows, from AWS's public torch-neuronx source and docs.
-
-- torch.compile: torch-neuronx's compile reference says ``dynamic=True`` is rejected during
-  compilation (shapes that vary recompile, one static graph each) and recommends
-  ``fullgraph=True``; torchtitan compiles its blocks with ``fullgraph=True`` but its loss with
-  neither, so a Neuron rank compiles everything with both fixed (``apply_compile_rules``).
-- The NEFF cache: compiled programs go to ``TORCH_NEURONX_NEFF_CACHE_DIR``; every rank of a job
-  (every node, and every job of a sweep) is pointed at one directory on the shared filesystem,
-  so a graph compiled once is loaded by the rest.
-- Packing: after the process group starts, torch-neuronx's ``_neuron_runtime_setup``
-  (``torch_neuronx/distributed/backend.py``) sets the local device start index to LOCAL_RANK
-  (``torch_neuronx._C._set_local_device_start_index``), so the device a rank may use is
-  ``neuron:LOCAL_RANK`` (``set_device`` and ``get_vnc_id`` in ``csrc/core/NeuronDevice.cpp``
-  refuse any other), and it asserts that the process sees one core (``_vnc_count() == 1``).
-  torchtitan picks ``neuron:0`` where one core is visible (``tools.utils.get_local_device``) and
-  ``neuron:LOCAL_RANK`` only where several are, which fails that assert. Both hold only for a rank
-  of LOCAL_RANK 0 that sees one core: a packed job of one rank on one core
-  (``packing_refusal``).
+"""Trainium (torch-neuronx) rules a run follows, from AWS's public source and docs
+(docs/hardware.md, "On Trainium"): compile options, the shared NEFF cache, and one rank per
+packed job.
 """
 
 from __future__ import annotations
@@ -34,7 +19,8 @@ VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
 
 
 def with_compile_rules(compile_fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``compile_fn`` (``torch.compile``) with Neuron's options, whatever the caller asked."""
+    """``compile_fn`` with ``fullgraph=True`` and ``dynamic=False`` whatever the caller asked:
+    torch-neuronx rejects ``dynamic=True`` and recommends ``fullgraph=True``."""
     if getattr(compile_fn, "neuron_compile_rules", False):
         return compile_fn
 
@@ -47,7 +33,7 @@ def with_compile_rules(compile_fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def apply_compile_rules() -> None:
-    """Every ``torch.compile`` of this process (``nn.Module.compile`` calls it too) follows Neuron's rules."""
+    """Make every ``torch.compile`` of this process (``nn.Module.compile`` too) follow Neuron's rules."""
     torch.compile = with_compile_rules(torch.compile)
 
 
@@ -63,12 +49,17 @@ def activate(compute_dtype: str = "float32") -> None:
 
 
 def neff_cache_env(shared_dir: Path) -> dict[str, str]:
-    """The NEFF cache every rank of the job (and of its sweep) shares, under ``shared_dir``."""
+    """The NEFF cache under ``shared_dir``, shared by every rank of the job and its sweep, so a graph
+    compiled once is loaded by the rest."""
     return {NEFF_CACHE_ENV: str(Path(shared_dir) / NEFF_CACHE_FOLDER)}
 
 
 def packing_refusal(devices_per_job: int, nproc_per_node: int) -> str | None:
-    """Why a packed Neuron job of this size cannot run (module docstring), or None."""
+    """Why a packed Neuron job of this size cannot run, or None.
+
+    torch-neuronx pins a rank to ``neuron:LOCAL_RANK`` and asserts it sees one core
+    (``torch_neuronx/distributed/backend.py``: ``_neuron_runtime_setup``), while torchtitan picks
+    ``neuron:0`` where one core is visible; both hold only for one rank on one core."""
     if devices_per_job == 1 and nproc_per_node == 1:
         return None
     return (

@@ -1,21 +1,8 @@
-"""Kernels for Qwen3 training: the MoE expert operator and its kernels, chosen per device.
+"""Kernels for Qwen3 training: the MoE expert operator ``moe_swiglu_experts`` and its kernels,
+chosen per device (README.md in this folder).
 
-The package owns:
-
-* the expert operator ``moe_swiglu_experts`` and its kernel registry (``registry``): the
-  operator's schemas, fake kernels and autograd formula, its named kernels as ``torch.library``
-  custom ops, the kernels each device runs in the order ``auto`` tries them, and the
-  ``auto | portable | <name>`` selection with its errors;
-* the kernels: ``grouped_mm`` (the portable default on CPU, CUDA and Neuron) in ``moe``,
-  ``padded_bmm`` (CPU and CUDA; bf16 on balanced routing, widths ``grouped_mm`` refuses) in
-  ``moe_padded``, and ``nki`` (Trainium, untested on hardware) in ``nki_moe``;
-* the layouts between torchtitan's expert tensors and the NKI kernels' blockwise layouts, and the
-  token-group alignment check for Neuron (``layouts``);
-* ``KernelGroupedExperts``, the ``GroupedExperts`` swapped into torchtitan's model config by a
-  ``ModelConfigConverter`` (``experts``).
-
-Importing this package registers every kernel; Neuron modules are only imported when the
-``nki`` kernel is selected. See README.md in this folder.
+Importing the package registers every kernel; Neuron modules are imported only when the ``nki``
+kernel is selected.
 """
 
 from . import moe_padded  # noqa: F401  (registers the padded_bmm kernel)

@@ -1,10 +1,6 @@
-"""torchtitan integration: a ``GroupedExperts`` that runs ``moe_swiglu_experts`` through the registry.
-
-:class:`KernelGroupedExperts` keeps ``GroupedExperts``' parameters (names, shapes, init,
-sharding) and only replaces ``forward``, so checkpoints and state-dict adapters are unchanged.
-It is swapped in through torchtitan's own extension point, a model-config converter
-(:class:`KernelExpertsConverter`, or :func:`use_kernel_experts` on a config), never by editing
-torchtitan.
+"""A ``GroupedExperts`` that runs ``moe_swiglu_experts`` through the registry, swapped in by a
+model-config converter. It keeps ``GroupedExperts``' parameters, so checkpoints and state-dict
+adapters are unchanged.
 """
 
 from __future__ import annotations
@@ -38,13 +34,10 @@ def resolved_kernel_name(
     num_experts: int | None = None,
     **known: int,
 ) -> str:
-    """The implementation ``backend.kernels=<kernel>`` runs on ``device_type`` (for run summaries).
+    """The kernel ``backend.kernels=<kernel>`` runs on ``device_type``, for run summaries.
 
-    Pass one rank's expert shapes (and what else is known of a call, ``tokens``,
-    ``logical_cores``: see :func:`~qwen3_trn.kernels.moe.moe_problem`) to apply kernels' shape
-    limits exactly as the model will.
-    Raises :class:`~qwen3_trn.kernels.registry.KernelUnavailableError` where the model would.
-    """
+    Given one rank's expert shapes (``tokens``, ``logical_cores``: ``moe.moe_problem``) the kernels'
+    shape limits apply as in the model. Raises ``KernelUnavailableError`` where the model would."""
     problem = None
     if dim is not None and hidden_dim is not None and num_experts is not None:
         problem = moe_problem(dim=dim, hidden_dim=hidden_dim, num_experts=num_experts, **known)
@@ -53,17 +46,13 @@ def resolved_kernel_name(
 
 @replaces_expert_math
 class KernelGroupedExperts(GroupedExperts):
-    """``GroupedExperts`` whose expert MLP runs the ``moe_swiglu_experts`` kernel ``config.kernel``.
+    """``GroupedExperts`` whose expert MLP runs the kernel ``config.kernel``
+    (``auto | portable | <name>``), resolved against the inputs in forward (once, eagerly, at trace
+    time under ``torch.compile``).
 
-    ``kernel`` is ``auto | portable | <name>``, resolved against the inputs' device and the
-    (local) expert shapes in forward; under ``torch.compile`` the resolution runs once, eagerly,
-    at trace time.
-
-    The experts compute in the dtype the activations arrive in: bf16 under bf16 mixed precision
-    (FSDP's param dtype), where this is ``GroupedExperts``' math exactly, and fp32 in fp32
-    training, where ``GroupedExperts`` rounds inputs and weights to bf16 and back. Weights in
-    another dtype than the activations are cast to it (a no-op under FSDP mixed precision).
-    """
+    It computes in the activations' dtype: bf16 under bf16 mixed precision, which is
+    ``GroupedExperts``' math exactly, and fp32 in fp32 training, where ``GroupedExperts`` rounds to
+    bf16 and back. Weights of another dtype are cast to it."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(GroupedExperts.Config):
@@ -86,12 +75,11 @@ class KernelGroupedExperts(GroupedExperts):
 
 
 def use_kernel_experts(model_config: Module.Config, *, kernel: str = "auto") -> Module.Config:
-    """Replace every ``GroupedExperts.Config`` in ``model_config`` by a ``KernelGroupedExperts.Config``.
+    """Replace every ``GroupedExperts.Config`` in ``model_config`` by a ``KernelGroupedExperts.Config``
+    with the same fields; returns the (possibly new root) config.
 
-    All fields (dims, ``param_init``, ``sharding_config``) are carried over. Configs of other
-    ``GroupedExperts`` subclasses (fused, float8, ...) change the expert math or parameters and
-    are refused rather than silently replaced. Returns the (possibly new root) config.
-    """
+    Raises on other ``GroupedExperts`` subclasses (fused, float8, ...): they change the math or the
+    parameters."""
     validate_request(kernel)
 
     def with_kernel(fqn: str, config: GroupedExperts.Config) -> Module.Config:

@@ -1,27 +1,19 @@
-"""Pure-torch layout conversions between torchtitan's MoE tensors and blockwise kernel layouts.
+"""Pure-torch layouts between torchtitan's MoE tensors and the nki-library blockwise kernels.
 
-torchtitan (``GroupedExperts``) holds expert weights as ``w1_EFD``/``w3_EFD`` ``[E, F, D]`` and
-``w2_EDF`` ``[E, D, F]``, and receives routed rows ``x [R, D]`` already sorted by expert together
-with ``num_tokens_per_expert [E]``.
+torchtitan: ``w1_EFD``/``w3_EFD`` ``[E, F, D]``, ``w2_EDF`` ``[E, D, F]``, routed rows
+``x [R, D]`` sorted by expert, ``num_tokens_per_expert [E]``. The kernels
+(``nkilib.core.moe.moe_cte``, ``blockwise_mm_bwd``):
 
-The nki-library blockwise MoE kernels (``nkilib.core.moe.moe_cte``, ``blockwise_mm_bwd``) use:
+* ``gate_up_proj_weight [E, H, 2, I]`` (gate, up), ``down_proj_weight [E, I, H]``; H = D, I = F;
+* ``hidden_states [T+1, H]``: the rows and a zero padding row at index T;
+* ``token_position_to_id [N*B]`` int32 (row per block position, T for padding),
+  ``block_to_expert [N, 1]`` int32;
+* ``expert_affinities_masked [(T+1)*E, 1]``.
 
-* ``gate_up_proj_weight [E, H, 2, I]`` (``[..., 0, :]`` gate, ``[..., 1, :]`` up),
-  ``down_proj_weight [E, I, H]`` (H = D the model dim, I = F the expert hidden dim);
-* ``hidden_states [T+1, H]``: the rows plus one zero row at index T, the padding token;
-* ``token_position_to_id [N*B]`` (int32): for each of N blocks of B positions, the row it holds,
-  or T for padding; ``block_to_expert [N, 1]`` (int32): the expert of each block;
-* ``expert_affinities_masked [(T+1)*E, 1]``: the routing weight of row t for expert e.
-
-Every routed row is treated as its own "token" with affinity 1 for its expert, so the kernel
-computes exactly torchtitan's expert MLP per row (dispatch and combine stay in torchtitan).
-
-All conversions here keep static shapes (no host synchronisation, no boolean masking): the
-number of blocks is the worst case over all routings of R rows, so they trace under
-``torch.compile``/FakeTensor and run in Neuron's static graphs. The same block layout, with
-B = the token-group alignment, pads each expert's token group for ``torch._grouped_mm`` on
-devices that need aligned group offsets, and :func:`check_token_group_alignment` checks a
-configuration against that requirement before a run starts.
+Each routed row is its own "token" with affinity 1 for its expert, so the kernel computes
+torchtitan's expert MLP per row. Shapes are static (the block count is the worst case over all
+routings), so everything traces under ``torch.compile`` and Neuron's static graphs. The same
+block layout pads token groups for devices whose ``_grouped_mm`` needs aligned offsets.
 """
 
 from __future__ import annotations
@@ -65,7 +57,7 @@ def gate_up_from_w1_w3(w1_EFD: torch.Tensor, w3_EFD: torch.Tensor) -> torch.Tens
 
 
 def w1_w3_from_gate_up(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``gate_up [E, D, 2, F]`` -> ``(w1_EFD, w3_EFD)``, the inverse of :func:`gate_up_from_w1_w3`."""
+    """``gate_up [E, D, 2, F]`` -> ``(w1_EFD, w3_EFD)``."""
     w13_EF2D = gate_up.permute(0, 3, 2, 1)
     return w13_EF2D[:, :, 0, :].contiguous(), w13_EF2D[:, :, 1, :].contiguous()
 
@@ -128,12 +120,10 @@ def blockwise_routing(
     block_size: int,
     num_blocks: int | None = None,
 ) -> BlockwiseRouting:
-    """Lay rows sorted by expert (``num_rows == num_tokens_per_expert.sum()``) into blocks.
+    """Lay rows sorted by expert into blocks (``num_rows == num_tokens_per_expert.sum()``).
 
-    ``num_blocks`` defaults to :func:`max_num_blocks`, a static bound. Unused trailing blocks
-    hold only padding and are assigned the last expert: the padding row is zero, so they add
-    nothing to outputs or weight gradients.
-    """
+    ``num_blocks`` defaults to the static bound ``max_num_blocks``. Unused trailing blocks hold only
+    the zero padding row and are given the last expert, so they add nothing."""
     num_experts = num_tokens_per_expert.shape[0]
     if num_blocks is None:
         num_blocks = max_num_blocks(num_rows, num_experts, block_size)
@@ -241,23 +231,13 @@ def check_token_group_alignment(
     alignment: int = NEURON_GROUPED_MM_ALIGNMENT,
     pads_token_groups: bool = True,
 ) -> TokenGroupPlan:
-    """Check that MoE token groups can be aligned to ``alignment`` rows for this config.
+    """Raise ``TokenGroupAlignmentError`` (with the numbers and a fix) when MoE token groups cannot
+    be aligned to ``alignment`` rows; else the plan and its cost.
 
-    ``tokens_per_step`` is the tokens one rank routes per MoE layer call
-    (``seq_len * local_batch_size``). On Neuron, ``aten::_grouped_mm`` needs every group offset
-    to be a multiple of ``NEURON_GROUPED_MM_ALIGNMENT`` (128).
-
-    * ``pads_token_groups=True`` (this package's ``grouped_mm`` and ``nki`` kernels): each
-      expert's group is padded to the alignment inside a static buffer of
-      ``padded_capacity`` rows; any positive config can meet it, the plan reports the cost.
-    * ``pads_token_groups=False`` (torchtitan's ``GroupedExperts`` with a non-padding
-      dispatcher): offsets are the raw per-expert counts, aligned only if every expert receives
-      a multiple of ``alignment`` rows. No router guarantees that; exactly balanced routing
-      does, and needs ``tokens_per_step * top_k`` to be a multiple of ``num_experts * alignment``.
-
-    Raises :class:`TokenGroupAlignmentError` with the numbers and a fix when the config cannot
-    meet the requirement.
-    """
+    ``tokens_per_step``: rows one rank routes per MoE layer call. With ``pads_token_groups`` (this
+    package's kernels) each group is padded in a static buffer, so any config can. Without it
+    (torchtitan's ``GroupedExperts``) offsets are the raw counts, aligned only under exactly balanced
+    routing, which needs ``tokens_per_step * top_k`` to be a multiple of ``num_experts * alignment``."""
     for name, value in (("tokens_per_step", tokens_per_step), ("top_k", top_k), ("num_experts", num_experts), ("alignment", alignment)):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise TokenGroupAlignmentError(f"{name} must be a positive integer, got {value!r}")

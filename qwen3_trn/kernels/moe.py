@@ -1,25 +1,13 @@
 """The MoE expert operator's math, its call wrapper and its default kernel, ``grouped_mm``.
 
 ``moe_swiglu_experts(x [R, D], w1 [E, F, D], w2 [E, D, F], w3 [E, F, D], num_tokens_per_expert [E])``
-computes, for the rows of each expert e, ``(silu(x @ w1[e].T) * (x @ w3[e].T)) @ w2[e].T`` —
-torchtitan's ``GroupedExperts`` math. Rows must be sorted by expert and ``R`` must equal
-``num_tokens_per_expert.sum()`` (padding rows, if a dispatcher adds them, are counted in).
-Experts with no rows are skipped; their weight gradients are zero.
+computes ``(silu(x @ w1[e].T) * (x @ w3[e].T)) @ w2[e].T`` on each expert e's rows, as
+torchtitan's ``GroupedExperts``. Rows are sorted by expert and ``R == num_tokens_per_expert.sum()``
+(padding rows counted in). Kernels return ``(out, gate, up)``; ``gate`` and ``up`` are saved for
+backward so no kernel recomputes them.
 
-Each kernel returns ``(out [R, D], gate [R, F], up [R, F])``: the pre-activation projections are
-saved for backward (marked non-differentiable) so no kernel recomputes them; the operator, its
-autograd formula and the selection of a kernel are in :mod:`qwen3_trn.kernels.registry`.
-
-``grouped_mm``: ``torch._grouped_mm`` in the input dtype, as torchtitan does. On devices that
-need aligned group offsets (Neuron: 128 rows), and on CPUs whose bf16/fp16 matmuls run through
-oneDNN (16 rows: see ``ONEDNN_TOKEN_ALIGNMENT``), each expert's group is padded in a buffer
-first (of static size on Neuron). The portable default on every device
-(``benchmarks/experts_in_training.py``: on CPU, inside training, ahead of torchtitan's
-``GroupedExperts`` and of ``padded_bmm``). It copies no weights.
-
-``in_matmul_dtype`` runs a kernel in fp32 on CPUs without native bf16/fp16 matmul units (no
-AVX512-BF16/AMX): bf16 inputs are upcast once for the matmuls, which is what bf16 tensor cores do
-too (bf16 operands, fp32 accumulation), and outputs are stored in the input dtype.
+``grouped_mm`` is ``torch._grouped_mm`` in the input dtype, with each group padded in a buffer
+where the device needs aligned offsets (Neuron: 128 rows; oneDNN bf16/fp16 on CPU: 16).
 """
 
 from __future__ import annotations
@@ -74,8 +62,8 @@ STATIC_TOKEN_BUFFER_DEVICES = frozenset({"neuron"})
 
 
 def moe_problem(*, dim: int, hidden_dim: int, num_experts: int, **known: int) -> dict[str, int]:
-    """The shape description kernels' shape checks receive: one rank's expert weights, and what
-    else is known before a call (``tokens``: rows per call, ``logical_cores``)."""
+    """What kernels' shape checks receive: one rank's expert weights and, where known, ``tokens``
+    (rows per call) and ``logical_cores``."""
     return {"dim": dim, "hidden_dim": hidden_dim, "num_experts": num_experts, **known}
 
 
@@ -113,11 +101,8 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def swiglu_backward(grad_h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``h = silu(gate) * up``: returns ``(h, d gate, d up)`` in the inputs' dtype.
-
-    Four elementwise passes; ``silu`` and ``silu_backward`` compute in fp32 internally for
-    bf16 inputs, as autograd through ``GroupedExperts``' SwiGLU does.
-    """
+    """``h = silu(gate) * up``: returns ``(h, d gate, d up)`` in the inputs' dtype; ``silu`` runs in
+    fp32 for bf16 inputs, as autograd through ``GroupedExperts`` does."""
     silu = F.silu(gate)
     grad_up = grad_h * silu
     grad_gate = torch.ops.aten.silu_backward(grad_h.mul_(up), gate)
@@ -215,7 +200,7 @@ def matmul_dtype(t: torch.Tensor) -> torch.dtype:
 
 def in_matmul_dtype(kernel):
     """Run ``kernel`` on inputs upcast once to the matmul dtype (fp32 where bf16/fp16 matmuls are
-    emulated), casting its outputs back; a plain call where the input dtype is native."""
+    emulated; bf16 tensor cores also accumulate in fp32), casting outputs back."""
 
     @functools.wraps(kernel)
     def wrapper(*tensors):

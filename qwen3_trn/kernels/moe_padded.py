@@ -1,26 +1,13 @@
-"""``padded_bmm``: the expert MLP as three batched matmuls over a per-expert padded layout.
+"""``padded_bmm``: the expert MLP as batched matmuls over a per-expert padded layout.
 
-Rows sorted by expert are copied into ``[E, C, D]``, expert e's first ``C`` rows at ``[e, :n_e]``
-and zeros after, so each projection is one ``torch.bmm`` against the weights as they are
-(``[E, F, D]``, no weight copy) and each weight gradient one ``bmm`` over the rows. Zero padding
-rows contribute nothing: values and gradients are those of the unpadded math, and experts
-without rows get zero weight gradients.
+Rows sorted by expert are copied into ``[E, C, D]`` (zeros after each expert's rows), so each
+projection and weight gradient is one ``torch.bmm`` against the weights as they are; zero rows
+change no value or gradient. Why: on a few shared CPU cores the per-expert loop's many small
+matmuls, each its own parallel region, cost more than their FLOPs (``benchmarks/moe_kernels.py``).
 
-Why: on CPUs the per-expert loop launches ~9 small matmuls per expert per step (576 for 64
-experts), each its own parallel region; on two cores shared with other work every region waits
-for a descheduled thread, and that, not the FLOPs, set the layer's time
-(``benchmarks/moe_kernels.py``). A handful of batched calls does the same work in one region
-each.
-
-The capacity ``C`` is chosen per call from the counts: rows of an expert beyond ``C`` are computed
-by per-expert matmuls on their row slices, so ``C`` trades padded rows (``E * C``, computed on
-zeros) and the batched pass's fixed cost (``BATCHED_PASS_ROWS`` per expert: a bf16 ``bmm``
-prepares every expert's weights whatever ``C`` is) against per-expert launches (each worth
-``GROUP_LAUNCH_ROWS`` rows of compute). Both constants are measured orders of magnitude
-(``python benchmarks/moe_kernels.py --costs``). Balanced routing gets ``C`` near the largest
-group and no per-expert work; collapsed routing (a few experts holding all rows, as early
-training here does) gets ``C = 0``: no batched pass, one large, efficient matmul per full expert.
-Reads the counts on the host once per call (free on CPU).
+``C`` is chosen per call from the counts (``padded_capacity``); rows beyond it run as per-expert
+matmuls. The cost constants are measured orders of magnitude
+(``python benchmarks/moe_kernels.py --costs``). Reads the counts on the host once per call.
 """
 
 from __future__ import annotations

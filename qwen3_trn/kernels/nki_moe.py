@@ -1,37 +1,13 @@
 """NKI implementation of ``moe_swiglu_experts`` on Trainium, via nki-library's blockwise kernels.
 
-UNTESTED ON HARDWARE. This file is written against the documented APIs of torch-neuronx and
-nki-library and has never run on a Neuron device; nothing here is imported unless the ``nki``
-kernel is selected. What *is* tested on CPU is everything around the kernel launches — the
-layout conversions in and out of the kernels — by running this module's plumbing with
-:func:`blockwise_moe_reference`/:func:`blockwise_moe_backward_reference` (pure-torch ports of
-the kernels' documented semantics) in place of the device launches.
+UNTESTED ON HARDWARE: written against the public sources of torch-neuronx and nki-library
+(README.md in this folder, "NKI status"); imported only when the ``nki`` kernel is selected.
+The plumbing around the launches is tested on CPU with ``blockwise_moe_reference`` and
+``blockwise_moe_backward_reference``, pure-torch ports of the kernels' documented semantics.
 
-APIs used (all imported lazily):
-
-* ``torch_neuronx.nki_op(name, mutates_args=...)``: wraps ``torch.library.custom_op``; the
-  function is its own fake kernel (the NKI launch has fake-tensor shape inference), so the
-  function body below must only do static-shape work. Autograd is attached with
-  ``op.register_autograd(...)`` by the registry, using the operator's shared formula
-  (:mod:`qwen3_trn.kernels.registry`).
-* ``torch_neuronx.wrap_nki(kernel)[grid](**args)``: launches an ``@nki.jit`` kernel on Neuron
-  tensors; the grid is a tuple, ``(LNC,)``, the logical NeuronCore count. Non-tensor arguments
-  are the kernel's constants and must be hashable. Launchers are built once per kernel and LNC.
-* nki-library's forward: the kernel moe_cte's ``shard_on_i`` branch runs,
-  ``nkilib.core.moe.moe_cte.bwmm_shard_on_I.blockwise_mm_baseline_shard_intermediate``, called
-  with the fields of moe_cte's spec (``checkpoint_activation=True``,
-  ``expert_affinity_multiply_on_I=False``, POST_SCALE): it returns ``(output,
-  gate_up_activations_T [N, 2, I, B], down_activations [N, B, H])``. The backward:
-  ``nkilib.experimental.moe.bwd.blockwise_mm_backward.blockwise_mm_bwd``, which returns
-  ``(hidden_grad, affinity_grad, gate_up_grad, down_grad)``.
-  ``nkilib.core.moe.moe_cte.moe_cte_torch.moe_cte_torch_ref`` is nki-library's own torch
-  reference of the forward.
-
-:func:`probe_nki` imports each of these names and checks the kernels' signatures;
-:data:`NKI_KERNEL_LIMITS` are the kernels' shape limits, each with the source file that sets it.
-
-Routed rows are passed as the kernel's "tokens" with affinity 1 for their own expert, so the
-kernel computes torchtitan's per-row expert MLP; see :mod:`qwen3_trn.kernels.layouts`.
+The forward launches moe_cte's ``shard_on_i`` kernel with activation checkpoints; the backward
+``blockwise_mm_bwd``. ``probe_nki`` checks every name they use; ``NKI_KERNEL_LIMITS`` holds the
+kernels' shape limits with the file setting each. Layouts: ``kernels.layouts``.
 """
 
 import functools
@@ -192,8 +168,8 @@ def probe_nki() -> str | None:
 # --------------------------------------------------------------------------- kernel limits
 @dataclass(frozen=True)
 class NkiMoeShape:
-    """What the kernels see on one rank: local (EP/TP-sharded) expert weights, the logical
-    NeuronCores a launch spans (its grid), and, where known before the run, the rows of a call."""
+    """What the kernels see on one rank: local expert weights, the logical NeuronCores a launch
+    spans, and the rows of a call where known."""
 
     dim: int  # H
     hidden_dim: int  # I (I_TP: after tensor parallel)
@@ -274,11 +250,8 @@ def logical_neuron_cores(env: Mapping[str, str] | None = None) -> int:
 
 
 def check_nki_moe_shapes(problem: Mapping[str, int]) -> str | None:
-    """Every limit of moe_cte's shard_on_i kernel and blockwise_mm_bwd that ``problem`` breaks.
-
-    ``problem``: ``dim``, ``hidden_dim``, ``num_experts`` (local to a rank), and optionally
-    ``logical_cores`` (default: this process's LNC) and ``tokens`` (rows per call).
-    """
+    """Every limit of moe_cte's shard_on_i kernel and blockwise_mm_bwd that ``problem`` breaks
+    (``logical_cores`` defaults to this process's LNC)."""
     shape = NkiMoeShape(
         dim=problem["dim"],
         hidden_dim=problem["hidden_dim"],
@@ -372,9 +345,8 @@ def _logical_neuron_cores() -> int:
 
 @functools.cache
 def _launcher(call: NkiKernelCall, logical_cores: int) -> Any:
-    """``wrap_nki(kernel)[grid]``, built once per kernel and LNC: wrap_nki traces and registers
-    the kernel each time it is called. The grid is a tuple, as ``NKIHOPCaller.__getitem__``
-    (torch_neuronx/nki_hop.py) takes it."""
+    """``wrap_nki(kernel)[grid]``, built once per kernel and LNC, since wrap_nki traces and registers
+    the kernel on every call."""
     wrap_nki = _resolve("torch_neuronx", "wrap_nki")
     return wrap_nki(_resolve(call.module, call.name))[(logical_cores,)]
 

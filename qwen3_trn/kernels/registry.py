@@ -1,29 +1,14 @@
-"""The expert operator's kernels: named implementations of one forward/backward pair, chosen per device.
+"""The expert operator's kernels: named forward/backward pairs, chosen per device.
 
-The operator is torchtitan's grouped SwiGLU expert MLP over rows sorted by expert (its math:
-:mod:`qwen3_trn.kernels.moe`)::
+Each kernel (``ExpertKernel``, added by ``register_kernel``) becomes two ``torch.library``
+operators, ``qwen3_trn::moe_swiglu_experts__<name>`` and ``..._backward__<name>``, sharing the
+schemas, fake kernels and autograd formula here. One operator per kernel rather than a string
+argument: the choice is made once, outside the traced region, and the NKI kernel must be built
+by ``torch_neuronx.nki_op``.
 
-    moe_swiglu_experts(x [R, D], w1 [E, F, D], w2 [E, D, F], w3 [E, F, D], num_tokens_per_expert [E])
-        -> (out [R, D], gate [R, F], up [R, F])
-
-and its backward, the gradients of ``x, w1, w2, w3``. A kernel (:class:`ExpertKernel`) is a named
-pair of functions computing the two; :func:`register_kernel` adds it to :data:`KERNELS`. Each
-kernel becomes two ``torch.library`` custom operators, ``qwen3_trn::moe_swiglu_experts__<name>``
-and ``qwen3_trn::moe_swiglu_experts_backward__<name>``, created on first use and sharing the
-schemas, fake kernels and autograd formula below: the forward saves ``gate``, ``up`` and ``out``,
-and its gradient calls the backward of the same kernel. One operator per kernel rather than one
-with a string argument, because the choice is made once, outside the traced region (a compiled
-graph holds the one kernel that runs), and because the NKI kernel must be built by
-``torch_neuronx.nki_op`` where the others use ``torch.library.custom_op``.
-
-:data:`DEVICE_KERNELS` lists the kernels that run on each device type, in the order ``auto`` tries
-them. :func:`select_kernel` resolves the user's request (``backend.kernels``):
-
-* ``auto``: the first kernel of the device's list that is available and accepts the problem's
-  shapes (NKI where it can run, else the fastest portable kernel);
-* ``portable``: the same, skipping kernels that need a vendor library (those with a probe);
-* ``<name>`` (``nki`` included): exactly that kernel, or :class:`KernelUnavailableError` saying why
-  it cannot run and how to fix it. There is never a silent fallback.
+``select_kernel`` resolves ``backend.kernels``: ``auto`` (the first kernel of ``DEVICE_KERNELS``
+that can run), ``portable`` (the same without vendor kernels) or a name, which runs or raises
+``KernelUnavailableError``; never a silent fallback.
 """
 
 from __future__ import annotations
@@ -88,12 +73,11 @@ class KernelUnavailableError(ValueError):
 
 @dataclass(eq=False)
 class ExpertKernel:
-    """One named implementation of the expert operator: its forward and its backward.
+    """One named implementation of the expert operator.
 
-    ``probe`` is for kernels that need a vendor library (it runs once per process, and such a
-    kernel is not portable); ``make_op(qualname, fn)`` builds the operators through a vendor API
-    instead of ``torch.library.custom_op`` (the function is then its own fake kernel).
-    """
+    ``probe``: for a kernel that needs a vendor library (run once per process; not portable).
+    ``make_op(qualname, fn)``: builds the operators through a vendor API instead of
+    ``torch.library.custom_op``; ``fn`` is then its own fake kernel."""
 
     name: str
     forward: Callable[..., Any]
@@ -201,7 +185,7 @@ def _kernel(name: str) -> ExpertKernel:
 
 
 def validate_request(requested: str) -> None:
-    """Device-independent check of a request (unknown names fail at config time)."""
+    """Refuse unknown kernel names at config time, whatever the device."""
     if requested not in SELECTION_POLICIES:
         _kernel(requested)
 

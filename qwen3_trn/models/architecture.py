@@ -1,17 +1,10 @@
-"""Qwen3 architecture: a torchtitan flavor's numbers, with the user's overrides applied.
+"""Qwen3 architecture: a torchtitan flavor's numbers with the user's overrides applied.
 
-``FIELDS`` is the one mapping of the architecture. Each row names a number as the project does
-(a ``Qwen3Architecture`` attribute and the ``model.<name>`` override), where torchtitan's
-``Qwen3Model.Config`` holds it, what takes it when that config is rebuilt
-(``qwen3.build_model_config``) and its key in a Hugging Face ``config.json``
-(``hf_config``). Reading a flavor, applying overrides, building torchtitan's model config and
-writing and reading HF configs all go through the rows, so an architecture number is one row
-(and its ``model.<name>`` key in ``ModelConfig``, the schema Hydra composes).
-
-torchtitan's ``model_registry(flavor)`` takes no size overrides and stores some values in
-several places (``top_k`` in the router and in the experts of every layer, ``n_layers`` in
-every layer's residual init), so an override rebuilds the layer configs from these numbers
-rather than patching fields one by one.
+``FIELDS`` is the one mapping of every architecture number: its ``model.<name>`` override, where
+torchtitan's ``Qwen3Model.Config`` holds it, what takes it when that config is rebuilt, and its
+HF ``config.json`` key. torchtitan stores some numbers in several places (``top_k`` in the
+router and every layer's experts), so an override rebuilds the layer configs rather than patching
+fields.
 """
 
 from __future__ import annotations
@@ -142,7 +135,7 @@ def fields_of(kind: Kind) -> tuple[ArchitectureField, ...]:
 
 
 def names_of(kind: Kind) -> str:
-    """The names of the rows only ``kind`` has, as messages list them ("num_experts/top_k/...")."""
+    """The rows only ``kind`` has, as messages list them ("num_experts/top_k/...")."""
     return "/".join(f.name for f in FIELDS if f.kind == kind)
 
 

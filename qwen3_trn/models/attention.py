@@ -1,9 +1,6 @@
-"""Inner-attention choices for language-model layers.
-
-torchtitan 0.3's ``get_attention_config`` refuses "sdpa" for language models because SDPA
-cannot mask per document inside packed sequences. FlexAttention has no backward on CPU and
-varlen needs CUDA, so CPU (and Neuron, whose SDPA is NKI-backed) train with causal SDPA:
-the trainer then builds no masks and attention spans document boundaries in a packed row.
+"""Inner attention per device. torchtitan 0.3 refuses SDPA for language models (it cannot mask
+per document in packed rows), but FlexAttention has no CPU backward and varlen needs CUDA, so
+CPU and Neuron train with causal SDPA: attention then spans document boundaries in a packed row.
 """
 
 from __future__ import annotations

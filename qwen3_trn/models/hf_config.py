@@ -1,21 +1,9 @@
-"""Qwen3 architecture <-> Hugging Face Transformers config (``Qwen3Config`` / ``Qwen3MoeConfig``).
+"""Qwen3 architecture <-> Hugging Face ``Qwen3Config`` / ``Qwen3MoeConfig``, for backend=hf_v5.
 
-backend=hf_v5 builds its model with Transformers from an HF ``config.json``. That config is
-derived from the same numbers as the native model, each written to and read from the HF key its
-row of ``architecture.FIELDS`` names:
-
-* without ``model.hf_model``: the ``model`` group's flavor and overrides
-  (``qwen3_trn.run.convert.architecture``), so ``model=0.6B model.n_layers=2`` is the same
-  architecture in both modes;
-* with ``model.hf_model`` (a hub id or a local directory holding ``config.json``): that HF
-  config replaces the flavor's numbers, and the ``model`` group's explicit overrides
-  (``n_layers``, ``num_experts``, ... that are not null) still apply on top, as torchtitan's
-  flavor overrides do on an HF config. ``model=0.6B``/``model=4B``/``model=30B-A3B`` carry no
-  overrides, so they keep the HF model exactly; ``model=tiny`` cuts it to two small layers.
-
-The resulting config is written once into a content-addressed cache directory
-(``$QWEN3_TRN_CACHE/hf_configs/<hash>/config.json``) that torchtitan's transformers backend
-reads with ``AutoConfig.from_pretrained``; it always lists ``architectures``.
+The HF config comes from the model group's flavor and overrides, or from ``model.hf_model`` with
+the group's non-null overrides on top (as torchtitan's flavor overrides do). It is written once
+to a content-addressed directory (``$QWEN3_TRN_CACHE/hf_configs/<hash>/``) that torchtitan's
+transformers backend reads.
 """
 
 from __future__ import annotations
@@ -67,7 +55,7 @@ def _config_class(architecture: str):
 
 
 def hf_config_keys() -> tuple[str, ...]:
-    """The top-level config.json keys the architecture is read from (``architecture_from_hf``)."""
+    """The top-level config.json keys ``architecture_from_hf`` reads."""
     keys = ["architectures", "model_type"]
     for field in FIELDS:
         for key in (field.hf, *field.hf_older) if field.hf else ():
@@ -104,11 +92,8 @@ def _drop(config: dict[str, Any], key: str) -> None:
 
 
 def hf_config_dict(arch: Qwen3Architecture, base: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The complete HF config (as ``config.json`` holds it) for ``arch``.
-
-    ``base`` is an existing HF config whose other fields (token ids, rope scaling, dtype, ...)
-    are kept; the architecture's numbers always win.
-    """
+    """The complete HF config.json for ``arch``, keeping ``base``'s other fields (token ids, rope
+    scaling, dtype, ...)."""
     architecture = hf_architecture_name(arch)
     values: dict[str, Any] = {k: v for k, v in (base or {}).items() if k not in _DERIVED_KEYS}
     values.update(architectures=[architecture], model_type=MODEL_TYPES[architecture])
@@ -160,7 +145,6 @@ def check_qwen3(config: dict[str, Any], source: str) -> str:
 
 
 def architecture_from_hf(config: dict[str, Any], source: str) -> Qwen3Architecture:
-    """The Qwen3Architecture an HF Qwen3 / Qwen3-MoE config describes."""
     kind = "moe" if check_qwen3(config, source) == MOE_ARCHITECTURE else "dense"
     values: dict[str, Any] = {}
     for field in fields_of(kind):
@@ -180,11 +164,8 @@ def _looks_local(hf_model: str) -> bool:
 
 
 def load_hf_config(hf_model: str) -> dict[str, Any]:
-    """``config.json`` of a local directory or hub id, checked to be a Qwen3 config.
-
-    The hub path goes through Transformers (``PretrainedConfig.get_config_dict``), so it uses
-    the local HF cache and honours ``HF_HUB_OFFLINE``.
-    """
+    """``config.json`` of a local directory or hub id, checked to be Qwen3. Hub ids go through
+    Transformers, so the HF cache and ``HF_HUB_OFFLINE`` apply."""
     path = Path(hf_model).expanduser()
     if path.is_dir():
         config_file = path / "config.json"
@@ -253,11 +234,8 @@ def _cache_root() -> Path:
 
 
 def write_hf_config_dir(config: dict[str, Any], root: Path | None = None) -> Path:
-    """A directory holding ``config.json`` with exactly ``config``, shared by identical configs.
-
-    The directory name is a hash of the content, so preflight, every rank and later runs all
-    resolve the same path; the write is atomic (rename of a complete temporary directory).
-    """
+    """A directory holding exactly ``config`` as config.json, named by its content's hash so that
+    preflight, ranks and later runs share it; written atomically."""
     text = json.dumps(config, indent=2, sort_keys=True) + "\n"
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     root = Path(root) if root is not None else _cache_root()

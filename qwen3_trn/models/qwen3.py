@@ -1,8 +1,7 @@
-"""Builds torchtitan Qwen3 model configs and ModelSpecs for an architecture.
+"""torchtitan Qwen3 model configs and ModelSpecs for an architecture.
 
-The private layer builders of ``torchtitan.models.qwen3`` are the one place torchtitan
-encodes Qwen3's per-layer structure and initialisation; reusing them keeps the rebuilt
-layers identical to torchtitan's own flavors when no override is given.
+Built with torchtitan's private layer builders, the one place it encodes Qwen3's per-layer
+structure and init, so that without overrides the layers equal torchtitan's own flavors.
 """
 
 from __future__ import annotations
@@ -32,8 +31,8 @@ from qwen3_trn.titan import (
 
 
 def _accepted(builder: Callable, **kwargs: Any) -> dict[str, Any]:
-    """The keywords ``builder`` takes: torchtitan's layer builders gained ``rope`` (2026-06-05) and
-    the MoE one ``fuse_qkv`` (0.3) within the supported range."""
+    """The keywords ``builder`` takes (the layer builders gained ``rope`` on 2026-06-05, the MoE one
+    ``fuse_qkv`` in 0.3)."""
     params = inspect.signature(builder).parameters
     return {k: v for k, v in kwargs.items() if k in params}
 
@@ -101,7 +100,7 @@ def native_model_spec(
 
 
 def replace_grouped_experts(model_config: Module.Config, replace: Callable[[str, GroupedExperts.Config], Module.Config]) -> Module.Config:
-    """Every ``GroupedExperts.Config`` (subclasses too) in ``model_config`` replaced by
+    """Replace every ``GroupedExperts.Config`` (subclasses too) in ``model_config`` by
     ``replace(fqn, config)``; returns the (possibly new) root config."""
     for fqn, config, parent, attr in list(nested_configs(model_config, GroupedExperts.Config)):
         new_config = replace(fqn, config)

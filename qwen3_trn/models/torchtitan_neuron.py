@@ -1,17 +1,14 @@
-"""torchtitan-neuron's own NKI MoE recipe as the model of ``backend=nki_moe backend.kernels=torchtitan_neuron``.
+"""torchtitan-neuron's NKI MoE recipe as the model of ``backend=nki_moe backend.kernels=torchtitan_neuron``.
 
-The seed article (/work/shared/seed/, "AWS Trainium 三种方式训练 Qwen3", its third recipe) shows AWS's call::
+The seed article (/work/shared/seed/, "AWS Trainium 三种方式训练 Qwen3", third recipe) calls::
 
     from torchtitan_neuron.models.qwen3.config_registry import qwen3_nki_moe_config
     config = qwen3_nki_moe_config("30B-A3B", compile_config=CompileConfig(enable=False, backend="neuron"),
                                   n_layers=4, num_experts=64, top_k=4)   # a Trainer.Config
 
-The project calls the same function with its own values of those arguments (the model flavor, its
-compile settings, the architecture's ``n_layers``, ``num_experts`` and ``top_k``) and trains
-``config.model_spec``: AWS's tested NKI MoE model; the rest of the Trainer.Config is the project's.
-torchtitan-neuron's source was not found, so the call is checked against the article's: the
-function's signature with ``inspect`` before it is called, and the model it returns against the
-architecture the project sizes, fits, exports and reports (any difference is refused).
+The project calls it with its own values and trains ``config.model_spec``. Its source was not
+found, so the signature is checked against the article's before the call, and the model it
+returns against the project's architecture (a difference is refused).
 """
 
 from __future__ import annotations
@@ -80,8 +77,8 @@ def unavailable_reason() -> str | None:
 
 
 def recipe_compile_config(compile: CompileConfig) -> TitanCompileConfig:
-    """The project's compile settings as the article's argument: off is ``enable=False`` with
-    Neuron's compiler backend named, as in the article's call."""
+    """The project's compile settings as the article's argument (off: ``enable=False`` with
+    Neuron's backend named)."""
     enabled = compile.backend != "off"
     return TitanCompileConfig(
         enable=enabled,

@@ -1,17 +1,8 @@
-"""Comparison reports over finished runs, without any server.
+"""Comparison reports over finished runs, without any server (docs/sweeps.md).
 
 ``python -m qwen3_trn.report <sweep dir | run dirs...> [--out DIR] [--publish]`` writes
-``report.html`` (figures embedded: train and validation loss vs step, tokens/s, peak memory,
-MFU; the final loss against each swept key: points per value of a categorical key, lines
-against a numeric one; for two swept keys, heatmaps of final validation loss, tokens/s and peak
-memory with the values in the cells), ``report.md`` (a table of configs and one of runs) and
-``report.csv`` (one row per run, failed and skipped jobs of a sweep included). Runs are read
-from their own record (``metrics.jsonl`` and ``summary.json``; ``overrides.yaml`` and the sweep's
-manifest say what was swept). The swept keys are the overrides whose values differ between
-runs; runs that differ only in ``training.seed`` are seeds of one config, shown as their mean
-and range (min–max) in every figure and table, with marks for the configs that differ from the
-best beyond that range (``quantities.py``: every figure's name, unit, better direction and
-format). ``--publish`` also tries to publish a wandb Report with the same panels (``publish.py``).
+``report.html``, ``report.md`` and ``report.csv`` from each run's own record. Runs that differ
+only in ``training.seed`` are seeds of one config, shown as mean and range.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
-"""The report's figures, drawn with matplotlib from each run's per-step record and summary, over
-the configs of the collection (its swept keys but the seed), each the mean of its seeds with
-their spread (min to max) where it ran with several (``sweep.seeds``):
+"""The report's figures, drawn with matplotlib over the collection's configs, each the mean of
+its seeds with their range: loss vs step, per-config bars (throughput, peak memory, MFU), the
+final loss against each swept key, and for two swept keys SVG heatmaps whose cells have ids
+``<figure id>-cell-<row>-<column>``. Numbers are written as ``quantities.QUANTITIES`` says.
 
-* loss vs step: the mean training loss of each config as a line in a band of its seeds' range,
-  the validation loss as dashed markers with range bars;
-* throughput, peak memory, MFU: one bar per config from zero (its mean), its range as an error
-  bar and each seed as a dot;
-* the final loss against each swept key: points with range bars and seed dots per value of a
-  categorical key, lines in bands against the value of a numeric key, one series per
-  combination of the other swept keys;
-* for exactly two swept keys, heatmaps of the final validation loss, tokens/s and peak memory
-  over the grid: the mean in each cell, the range under it, the colour from the mean with the
-  better end yellow in every heatmap, marks against the best config (``quantities.marks``).
-  Heatmaps are SVG, each cell an element with id ``<figure id>-cell-<row>-<column>``, so a
-  browser (and a test) can find every cell.
-
-Every number is written as its figure says (``quantities.QUANTITIES``). "Final loss" is the
-held-out loss of the last validation when every run has one, else the training loss of the last
-step; titles and axes say which.
+"Final loss" is the last validation's loss when every run has one, else the last training loss.
 """
 
 from __future__ import annotations
@@ -78,8 +64,8 @@ def _png(fig) -> bytes:
 
 
 def _svg(fig, prefix: str) -> str:
-    """Inline SVG: text kept as text, element ids from the artists' gids, and every other id
-    (and reference to it) prefixed, so that several SVGs share one HTML page."""
+    """Inline SVG: text kept as text, ids from the artists' gids, and every other id (and reference
+    to it) prefixed, so several SVGs share one page."""
     plt = _pyplot()
     buffer = io.StringIO()
     with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": prefix}):

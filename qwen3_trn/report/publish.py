@@ -1,14 +1,7 @@
-"""Optionally publish a wandb Report (wandb-workspaces) for the same runs, with the local report's panels.
+"""Optionally publish a wandb Report with the local report's panels.
 
-Needs the ``wandb-workspaces`` package (not a dependency), an API key (``WANDB_API_KEY`` or
-``wandb login``) and the network. Offline runs (their directories are named in each run's
-summary.json) are uploaded first with ``wandb sync``. Anything missing is said in one line; the
-local report is written either way.
-
-Panels: training and validation loss vs step; tokens/s and peak memory per run; the final loss
-against each swept key (bars per value of a categorical key, points against the value of a
-numeric one); for two swept keys, a heatmap-style scatter of each grid figure (the two keys on
-the axes, the figure as colour).
+Needs ``wandb-workspaces`` (not a dependency), an API key and the network; offline runs are
+synced first. Anything missing is said in one line; the local report is written either way.
 """
 
 from __future__ import annotations
@@ -80,8 +73,8 @@ def _numeric_key(collection: Collection, key: str) -> bool:
 
 
 def _axis(wr, collection: Collection, key: str):
-    """A swept key as a wandb config column: its typed value in the logged config (config.yaml) for a
-    numeric key, its override string (run.params) otherwise."""
+    """A swept key as a wandb config column: its typed value from config.yaml for a numeric key,
+    else its override string (run.params)."""
     return wr.Config(key) if _numeric_key(collection, key) else wr.Config(f"run.params.{key}")
 
 
@@ -121,8 +114,8 @@ def report_panels(wr, collection: Collection) -> list:
 
 
 def wandb_report(wr, collection: Collection, project: str, entity: str | None, title: str | None):
-    """The wandb Report object (built offline; ``save()`` publishes it): the runs grouped by the
-    swept keys, with the local report's panels."""
+    """The wandb Report, built offline (``save()`` publishes it): runs grouped by the swept keys,
+    with the local report's panels."""
     # each run's config has run.params: its overrides as key -> value (qwen3_trn.run.tracking); the
     # seeds of a config are one group, which wandb draws as their mean and range
     runset_kwargs = dict(project=project, groupby=[f"config.run.params.{k}" for k in collection.config_keys])

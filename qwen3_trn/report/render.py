@@ -81,7 +81,7 @@ def _status_counts(runs: list[RunData]) -> str:
 
 
 def config_rows(collection: Collection) -> tuple[list[str], list[list[str]]]:
-    """The table of configs (named by their swept keys' values): each figure as its seeds' mean
+    """The table of configs, named by their swept values: each figure as its seeds' mean
     (min–max), marked against the best."""
     figures = [k for k in _available(collection) if k in CONFIG_FIGURES]
     configs = collection.configs

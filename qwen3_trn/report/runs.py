@@ -1,7 +1,6 @@
-"""Finding runs (a sweep directory, run directories, or folders holding them) and loading each
-one from its own record: ``metrics.jsonl`` (per step) and ``summary.json`` (the run's facts),
-plus ``overrides.yaml`` / ``job.json`` for what was swept and how the job ended, each read
-through ``qwen3_trn.results.records``."""
+"""Finding runs (sweep directories, run directories, or folders holding them) and loading each
+from its own record, read through ``qwen3_trn.results.records``.
+"""
 
 from __future__ import annotations
 
@@ -126,8 +125,7 @@ def _find_run_dirs(root: Path, depth: int = 3) -> list[Path]:
 
 @dataclass
 class ConfigRuns:
-    """One config of the collection (its values of the swept keys other than the seed) and its
-    runs, one per seed."""
+    """One config of the collection (its swept values but the seed) and its runs, one per seed."""
 
     label: str
     params: dict[str, str]
@@ -178,8 +176,8 @@ class Collection:
 
 
 def collect(paths: list[Path]) -> Collection:
-    """Runs from sweep directories (their manifest.json lists every job, failed and skipped
-    ones too), run directories, or folders holding either."""
+    """Runs from sweep directories (every job of their manifest, failed and skipped ones too), run
+    directories, or folders holding either."""
     runs: list[RunData] = []
     manifest_keys: list[str] = []
     experiments: list[str] = []

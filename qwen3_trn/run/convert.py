@@ -1,9 +1,6 @@
 """Composed config -> torchtitan ``Trainer.Config``.
 
-``to_trainer_config`` is a pure function of the validated config, the resolved device, the
-parallel layout and the run's backend (``cfg.backend.build()``, built once per process and
-handed on): it starts nothing, and Python users can call it to get the exact
-``Trainer.Config`` a run would train with.
+``to_trainer_config`` is pure (it starts nothing): call it to get the exact config a run trains with.
 """
 
 from __future__ import annotations
@@ -41,8 +38,7 @@ from qwen3_trn.titan import ParallelismConfig as TitanParallelismConfig
 
 
 def compile_warning(cfg: RunConfig) -> str | None:
-    """One line naming the ``compile.components`` the installed torchtitan accepts and does
-    not compile (it says nothing itself), or None."""
+    """The ``compile.components`` this torchtitan accepts but ignores, in one line, or None."""
     compiled = compiled_components()
     ignored = [str(c) for c in cfg.compile.components if str(c) not in compiled]
     if cfg.compile.backend == "off" or not ignored:
@@ -68,14 +64,13 @@ def param_dtype(cfg: RunConfig, device: DeviceSpec) -> str:
 
 
 def compute_dtype(cfg: RunConfig, device: DeviceSpec) -> str:
-    """The dtype matmuls run in. torchtitan applies FSDP (and so its mixed-precision policy)
-    even at data-parallel degree 1, so this is the param dtype whenever training in fp32."""
+    """The dtype matmuls run in. torchtitan applies FSDP's mixed precision even at degree 1, so
+    training in fp32 computes in the param dtype."""
     return param_dtype(cfg, device) if cfg.training.dtype == "float32" else str(cfg.training.dtype)
 
 
 def resume_checkpoint(checkpoint: CheckpointConfig) -> ResumePoint | None:
-    """The checkpoint to resume from: the given step-N folder, or the newest complete one of a
-    run directory (``checkpointing.find_resume_point``)."""
+    """The given step-N folder, or the newest complete one of a run directory."""
     if not checkpoint.resume_from:
         return None
     return find_resume_point(Path(checkpoint.resume_from).expanduser(), checkpoint.folder)
@@ -114,7 +109,7 @@ def _optimizer(cfg: RunConfig) -> OptimizersContainer.Config:
 
 
 def _loss(arch: Qwen3Architecture) -> dict[str, Any]:
-    """``loss=`` where this torchtitan's Trainer.Config takes one (qwen3_trn.titan.loss_config)."""
+    """``loss=`` where this torchtitan's Trainer.Config takes one."""
     loss = loss_config(arch.vocab_size)
     return {} if loss is None else {"loss": loss}
 

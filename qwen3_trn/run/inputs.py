@@ -1,10 +1,5 @@
-"""What the run's inputs hold, checked in the parent before any worker starts (that every path
-the run reads exists is checked first, with the ranges: ``qwen3_trn.config.paths``).
-
-- ``check_data``: the data source's own checks (``qwen3_trn.data.sources``): its data opened here
-  and its first records read, the way the ranks' loader reads them;
-- ``check_tokenizer``: the tokenizer directory's JSON files parse (line and column when not),
-  torchtitan's tokenizer loads from it, and its vocabulary fits the model and its config.json.
+"""What the run's inputs hold, checked in the parent before any worker starts (that the paths
+exist is checked earlier: ``config.paths``).
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ from qwen3_trn.data.sources import data_source
 
 
 def check_data(cfg: RunConfig) -> None:
-    """The data source's own checks (``DataSource.check``): its data opened, its first records read."""
+    """The data source's own checks: its data opened and its first records read."""
     data_source(cfg.data).check(cfg.mode)
 
 

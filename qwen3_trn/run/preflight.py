@@ -1,10 +1,7 @@
 """Every check that can fail before a worker starts, and the objects a run needs.
 
-``prepare`` resolves the device and the parallel layout, validates the config against them
-and builds the torchtitan ``Trainer.Config``. Any problem is a ``ConfigError`` naming the key
-at fault and the fix, all of a command's problems together (``errors.ConfigErrors``); nothing
-has been written or started when it is raised. Checks that belong to a launcher (a Slurm
-partition, say) are the launcher's own (``qwen3_trn.launch``), run here among the others.
+``prepare`` raises all of a command's problems together (``errors.ConfigErrors``) before anything
+is written or started; launcher-specific checks are the launcher's own, run here.
 """
 
 from __future__ import annotations
@@ -34,9 +31,8 @@ LauncherCheck = Callable[[RunConfig, Layout], None]
 
 @dataclass
 class Resolved:
-    """Where and how the ranks run: the device, the parallel layout and the architecture, and
-    the run's backend: this process's one ``Backend``, which everything after preflight uses
-    (the Trainer.Config, the plan, an in-process rank and its metrics)."""
+    """The device, layout and architecture, and this process's one ``Backend``, used by everything
+    after preflight."""
 
     cfg: RunConfig
     device: DeviceSpec
@@ -126,7 +122,7 @@ def _check_compile(cfg: RunConfig, device: DeviceSpec) -> None:
 
 
 def _check_torchtitan_features(layout: Layout) -> None:
-    """Degrees the installed torchtitan cannot run (``qwen3_trn.titan``: added within the supported range)."""
+    """Degrees the installed torchtitan cannot run (``qwen3_trn.titan``)."""
     for degree, feature in ((layout.pp, PIPELINE_STAGES), (layout.ep, EXPERT_PARALLEL)):
         if degree > 1 and not feature.available:
             raise feature.refusal()
@@ -135,14 +131,11 @@ def _check_torchtitan_features(layout: Layout) -> None:
 def resolve(
     cfg: RunConfig, ranks_here: bool = True, problems: Problems | None = None, check_launcher: LauncherCheck | None = None
 ) -> Resolved:
-    """The device, layout and architecture of the run, checked. ``ranks_here`` is False when
-    the launcher starts the ranks on other machines (a Slurm cluster): the device is then
-    planned for rather than probed here.
+    """The run's device, layout and architecture, checked. With ``ranks_here`` False (ranks on
+    other machines) the device is planned for, not probed.
 
-    Independent checks all run and their problems are raised together; the checks that need a
-    resolved device, layout and model run once those are known. Given ``problems`` (preflight's
-    own), the last checks' findings are left in it for the caller to raise with its own.
-    ``check_launcher``: the launcher's own checks of the config and layout."""
+    Checks that need a resolved device, layout or model run once those are known. Given
+    ``problems``, the last checks' findings are left there for the caller to raise."""
     owned = problems is None
     problems = problems or Problems()
     found_before = len(problems.found)
@@ -201,18 +194,11 @@ def _trainer_config(resolved: Resolved) -> Trainer.Config:
 def prepare(
     cfg: RunConfig, ranks_here: bool = True, check_launcher: LauncherCheck | None = None, shared_dir: str | None = None
 ) -> Prepared:
-    """``resolve``, the run's inputs (paths made absolute, data and tokenizer opened:
-    ``qwen3_trn.run.inputs``) and the exact torchtitan ``Trainer.Config`` the ranks will build.
+    """``resolve``, the run's inputs and the exact ``Trainer.Config`` the ranks will build.
 
-    Every problem is reported at once (``errors.Problems``): the ranges of every key and every
-    path the run reads are checked first and together (``early.first_checks``, as the command
-    does before importing the run's modules); a value out of range stops there, as the checks
-    after it would be meaningless. Otherwise what the data and checkpoint hold, the layout
-    (``resolve``), the tokenizer and the fit check follow, each run where what it needs was
-    resolved and its path exists.
-
-    ``shared_dir``: the directory every job of the sweep shares (None: the run's own), where the
-    device's shared caches go (``devices.SHARED_RANK_ENV``, in ``launcher.env``: every rank's)."""
+    Ranges and paths are checked first (``early.first_checks``); a value out of range stops there.
+    The data, checkpoint, layout, tokenizer and fit checks follow, each where its inputs resolved.
+    ``shared_dir``: the directory a sweep's jobs share for device caches (None: the run's own)."""
     problems = Problems()
     if not first_checks(cfg, problems):
         problems.stop_if_any()

@@ -1,21 +1,10 @@
-"""Multirun sweeps on Hydra's own launcher and sweeper: failure isolation, manifest, summary.
+"""Multirun sweeps on Hydra's basic launcher: failure isolation, manifest, summary.
 
-``python -m qwen3_trn -m backend=native,hf_v5 model.top_k=1,2`` (or ``experiment=<name>`` with
-``hydra.sweeper.params``) runs one job per combination through Hydra's basic launcher, each job
-exactly like a single run (``qwen3_trn.app.execute``: its own run directory, its own process
-group and rendezvous). Under a multirun:
-
-- ``run_sweep_job`` (called by the task function) never lets a job's error end the sweep: a
-  ``NotApplicable`` error (a key that does not apply to that mode/model, e.g. ``model.top_k`` on
-  a dense model) marks the job *skipped*; any other error marks it *failed*, with the traceback
-  in ``<job dir>/error.log``. Either way ``<job dir>/job.json`` records it and the next job runs.
-- ``SweepCallback`` (``hydra.callbacks.sweep`` in ``conf/config.yaml``) writes
-  ``<sweep dir>/sweep.json`` at the start (the wandb group and the swept keys every job shares)
-  and, at the end, ``<sweep dir>/manifest.json`` (job -> overrides, run dir, wandb run id,
-  status, error, log, final figures, a rerun command), prints a sweep summary, builds the
-  comparison report (``qwen3_trn.report``) and exits 1 if any job failed.
-
-``python -m qwen3_trn.sweeps <sweep dir>`` prints the summary of a finished sweep again.
+Each job runs like a single run (``app.execute``). ``run_sweep_job`` records a job's error
+(``NotApplicable``: skipped, else failed) instead of ending the sweep; ``SweepCallback`` writes
+``sweep.json`` at the start and ``manifest.json``, the summary and the report at the end, and
+exits 1 if a job failed. ``python -m qwen3_trn.sweeps <sweep dir>`` prints the summary again.
+User-facing behaviour: docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -133,12 +122,12 @@ def job_context() -> dict[str, Any] | None:
 
 
 def job_name(overrides: list[str], swept: list[str], num: int, fallback: str = "") -> str:
-    """A job's name in the sweep: its swept overrides (``model.top_k=2,backend=hf_v5``)."""
+    """The job's swept overrides (``model.top_k=2,backend=hf_v5``)."""
     return ",".join(o for o in redact_overrides(overrides) if override_key(o) in swept) or fallback or f"job{num}"
 
 
 def default_group(sweep_dir: Path) -> str:
-    """A group name when sweep.json is missing: the sweep directory's last two parts."""
+    """The sweep directory's last two parts, when sweep.json is missing."""
     return "sweep-" + "_".join(sweep_dir.parts[-2:])
 
 
@@ -246,8 +235,8 @@ def run_sweep_job(execute: Callable[[Any], dict | None], cfg_node: Any) -> dict[
 
 
 def _pruned_run(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
-    """The summary of a search's trial whose pruner stopped it where its launcher saw a failure
-    (ranks in their own processes, a launcher's job): status ``pruned``, no error; else as it is."""
+    """A trial its pruner stopped, which its launcher saw fail, as status ``pruned`` with no
+    error; any other summary as it is."""
     if not summary.get("pruned") or summary.get("status") != RunStatus.failed:
         return summary
     summary = {k: v for k, v in summary.items() if k not in ("error", "error_log", "job_error")}
@@ -305,8 +294,8 @@ def _job_line(job: dict[str, Any]) -> str:
 
 
 def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
-    """Every job of the sweep, from its records (job.json, or job-<num>.json in the sweep
-    directory for a job whose directory held another run)."""
+    """Every job of the sweep from its records: job.json, or the sweep directory's job-<num>.json
+    for a job whose directory held another run."""
     jobs = job_records(sweep_dir)
     for path in sorted(sweep_dir.glob("job-*.json")):
         job = read_job_record(path)
@@ -397,7 +386,7 @@ def _merge_into_record(record: dict[str, Any], summary: dict[str, Any]) -> None:
 
 
 def _sync_job_record(run_dir: Path, summary: dict[str, Any]) -> None:
-    """A sweep job's job.json, brought in line with its run's summary."""
+    """Bring a job's job.json in line with its run's summary."""
     record = read_job_record(run_dir)
     if record is None or (not job_section(summary) and record.get("status") == summary.get("status")):
         return
@@ -412,8 +401,8 @@ def _sync_job_record(run_dir: Path, summary: dict[str, Any]) -> None:
 
 
 def refresh_runs(run_dirs: list[Path], wait: bool = False) -> list[dict[str, Any]]:
-    """Ask each run's launcher for its current state (waiting for the end when ``wait``);
-    the run summaries and any sweep job records are updated. Returns the summaries."""
+    """Update each run's summary (and sweep job record) from its launcher, waiting for the end when
+    ``wait``. Returns the summaries."""
     by_launcher: dict[str, list[Path]] = {}
     for run_dir in run_dirs:
         summary = read_summary(run_dir)
@@ -429,7 +418,7 @@ def refresh_runs(run_dirs: list[Path], wait: bool = False) -> list[dict[str, Any
 
 
 def settle_jobs(jobs: list[dict[str, Any]], wait: bool = False) -> list[dict[str, Any]]:
-    """The sweep's jobs with the current states of those still in flight elsewhere."""
+    """The jobs, with current states for those still in flight elsewhere."""
     in_flight = [job for job in jobs if job.get("status") in IN_FLIGHT_STATUSES and job.get("run_dir")]
     summaries = {str(Path(s["run_dir"])): s for s in refresh_runs([Path(j["run_dir"]) for j in in_flight], wait=wait)}
     for job in in_flight:
@@ -480,21 +469,21 @@ def _sweep_overrides(config: Any) -> dict[str, Any]:
 
 
 def sweep_seeds(config: Any) -> int:
-    """How many seeds each job of the sweep runs with (``sweep.seeds``; 1 when not a number)."""
+    """``sweep.seeds``, or 1 when not a number."""
     seeds = OmegaConf.select(config, SEEDS_KEY, default=1)
     return seeds if isinstance(seeds, int) and seeds > 1 else 1
 
 
 def swept_keys(config: Any) -> list[str]:
-    """Keys the sweep varies: ``hydra.sweeper.params``, sweep overrides on the command line, and
-    the seed when ``sweep.seeds`` replicates every job."""
+    """``hydra.sweeper.params``, the command line's sweep overrides, and the seed when
+    ``sweep.seeds`` replicates every job."""
     keys = [key for key, override in _sweep_overrides(config).items() if override.is_sweep_override()]
     return [*keys, SEED_KEY] if sweep_seeds(config) > 1 and SEED_KEY not in keys else keys
 
 
 def unknown_group_options(config: Any) -> list[str]:
-    """Swept config-group options that do not exist (e.g. ``backend=nki_moe`` before that mode
-    is installed). Hydra would only find out when it reaches that job, and stop the sweep there."""
+    """Swept group options that do not exist, which Hydra would only find when it reaches the job
+    and then stop the sweep."""
     if not GlobalHydra.instance().is_initialized():
         return []
     loader = GlobalHydra.instance().config_loader()
@@ -515,9 +504,8 @@ def unknown_group_options(config: Any) -> list[str]:
 
 
 def start_sweep_record(config: Any, resumed: bool = False) -> None:
-    """``<sweep dir>/sweep.json``: what every job of the sweep shares (its wandb group, the swept
-    keys, the command). A resumed sweep keeps its group and start time, so that its jobs, old
-    and new, stay one group."""
+    """Write ``<sweep dir>/sweep.json`` (wandb group, swept keys, command). A resumed sweep keeps
+    its group and start time, so old and new jobs stay one group."""
     sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
     sweep_dir.mkdir(parents=True, exist_ok=True)
     earlier = read_sweep_file(sweep_dir) if resumed else {}
@@ -556,12 +544,11 @@ class SweepCallback(Callback):
             sys.exit(2)
 
     def on_job_start(self, config: Any, **kwargs: Any) -> None:
-        """Hydra's basic sweeper has just written the sweep's config (multirun.yaml), secrets
-        included: rewrite it redacted before the first job runs."""
+        """Rewrite multirun.yaml, which Hydra wrote with secrets, redacted."""
         scrub_hydra_files(Path(str(config.hydra.sweep.dir)))
 
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
-        """A job whose error escaped ``run_sweep_job`` (it should not) is still recorded."""
+        """Record a job whose error escaped ``run_sweep_job``."""
         if job_return is None or job_return.status != JobStatus.FAILED:
             return
         num = int(config.hydra.job.num)

@@ -1,20 +1,11 @@
 """What every data source shares: the ``DataSource`` interface, registration with torchtitan's
-dataset table, local data files, and the held-out split of a source that has none of its own.
+dataset table, and a held-out split for sources without one (docs/validation.md).
 
-torchtitan's ``HuggingFaceTextDataLoader`` looks datasets up by name in
-``torchtitan.hf_datasets.text_datasets.DATASETS``. A source turns its config into such an entry
-(named after the config, so registering is idempotent and every worker process can repeat it)
-plus the ``dataset_path`` to pass along (``ResolvedDataset``).
-
-A ``SplitSource`` (files, hub) takes held-out text from ``data.val_path`` (local files) or what
-it names itself (hub: ``data.val_split``), else holds out ``data.val_fraction`` of its documents,
-which the training split then leaves out. The held-out documents are chosen deterministically
-(evenly spaced in a map-style dataset, by a hash of the text in a streamed one), so every run over
-the same data holds out the same ones.
-
-The training documents are read in an order shuffled by the run's seed (``training.seed``:
-``resolve_dataset``), so runs with different seeds see different data orders; the held-out split
-keeps its order, so they are evaluated on the same tokens.
+A source registers an entry of ``torchtitan.hf_datasets.text_datasets.DATASETS`` named after its
+config, so registering is idempotent and every worker can repeat it. Held-out documents are
+chosen deterministically (evenly spaced, or by a hash of the text when streamed), so runs over the
+same data hold out the same ones. Training documents are shuffled by ``training.seed``; the
+held-out split keeps its order, so every run is evaluated on the same tokens.
 """
 
 from __future__ import annotations
@@ -94,7 +85,7 @@ def register(data: DataConfig, path: str | None, loader: Callable, column: str, 
 
 @dataclass(frozen=True)
 class Documents:
-    """Where a source's documents come from: torchtitan's ``dataset_path``, a loader, the text column."""
+    """A source's documents: torchtitan's ``dataset_path``, a loader and the text column."""
 
     path: str | None
     loader: Callable
@@ -121,13 +112,13 @@ class DataSource(Configurable):
         raise NotImplementedError
 
     def check(self, mode: Mode) -> None:
-        """Checks in the parent before any worker starts (the data opened, its first records
-        read); raise ConfigError."""
+        """Checks in the parent before any worker starts (the data opened, its first records read);
+        raise ConfigError."""
 
 
 class SplitSource(DataSource):
-    """A source whose documents are split into training and held-out parts by
-    ``data.val_fraction`` unless held-out documents are named (module docstring)."""
+    """A source split into training and held-out documents by ``data.val_fraction``, unless
+    held-out documents are named (``data.val_path`` or the source's own)."""
 
     Config = SplitSourceConfig
 
@@ -173,7 +164,6 @@ class SplitSource(DataSource):
 
 
 def data_source(data: DataConfig) -> DataSource:
-    """The source ``data.name`` chooses, built from ``data``."""
     if data.name not in DataConfig.options:
         raise ConfigError("data.name", f"unknown data source '{data.name}'; use one of {', '.join(DataConfig.options)}.")
     return data.build()
@@ -196,5 +186,4 @@ def resolve_dataset(data: DataConfig, seed: int) -> ResolvedDataset:
 
 
 def resolve_validation_dataset(data: DataConfig) -> ResolvedDataset:
-    """The held-out split of the data source (see the module docstring)."""
     return data_source(data).validation_dataset()

@@ -28,7 +28,6 @@ PROBED_BYTES = 1 << 20
 
 
 def data_files(data: FilesSource.Config) -> list[str]:
-    """The files of ``data=files``."""
     if not data.path:
         raise ConfigError("data.path", f"{hint_of(FilesSourceConfig, 'path')}.")
     return local_data_files(data.path)

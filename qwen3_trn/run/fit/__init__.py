@@ -1,11 +1,8 @@
-"""Will it fit? A model of one training step per rank, the fit check, and ``parallelism=auto``.
+"""Will it fit? A model of one training step per rank, the fit check, and ``parallelism=auto``
+(docs/fit.md).
 
-Sits below preflight: it reads the composed config, the device, the layout and torchtitan's
-model, and starts nothing. ``preflight`` is the one call ``qwen3_trn.run.preflight.prepare`` makes:
-it estimates rank 0's memory and, in ``mode=train``, refuses a run that would not fit with a
-``ConfigError`` listing the breakdown and what would make it fit. ``auto_layout`` chooses the
-degrees for ``parallelism=auto``. ``mode=check`` adds the tracker's measurement of rank 0
-(``fit.tracked``, run by ``python -m qwen3_trn.rank --check``).
+Sits below preflight and starts nothing: ``preflight`` estimates rank 0's memory and in
+``mode=train`` refuses a run that would not fit; ``auto_layout`` chooses the degrees.
 """
 
 from __future__ import annotations
@@ -101,29 +98,29 @@ def with_tracked(report: FitReport, tracked: MemoryEstimate) -> FitReport:
 
 
 def planned_ranks_per_node(cfg: RunConfig, device: DeviceSpec) -> int:
-    """Ranks of one node of a device that is not on this machine (the accelerator table's node)."""
+    """Ranks of one node of a device that is not on this machine (from the accelerator table)."""
     return accelerator(device.type, cfg.device.accelerator, cfg.launcher.env).per_node
 
 
 def auto_layout(
     cfg: RunConfig, device: DeviceSpec, arch: Qwen3Architecture, trainer_config: Trainer.Config, nnodes: int, nproc_per_node: int
 ) -> tuple[Layout, str]:
-    """``parallelism=auto``: the fitting layout of ``nnodes x nproc_per_node`` ranks that communicates least,
-    among the vendor's layouts where the instance type has them (``fit.vendor_layouts``)."""
+    """The fitting layout of ``nnodes x nproc_per_node`` ranks that communicates least, among the
+    vendor's layouts where the instance type has them."""
     model = StepModel.of(cfg, device, arch, trainer_config)
     budget = device_memory(cfg.device, cfg.launcher, device, nproc_per_node)
     return solve(model, nnodes, nproc_per_node, budget, vendor_layouts(cfg, device))
 
 
 def chosen_parallelism(parallelism: ParallelismConfig, layout: Layout) -> ParallelismConfig:
-    """The parallelism group with the chosen degrees written in (and ``auto`` done), so that
-    the run's saved config starts every rank with this layout."""
+    """The parallelism group with the chosen degrees written in, so every rank starts from the
+    saved config's layout."""
     degrees = {name: getattr(layout, name) for name in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")}
     return dataclasses.replace(parallelism, auto=False, **degrees)
 
 
 def tracked_section(report: FitReport, check: dict) -> str:
-    """The fit table with the tracker's row from ``python -m qwen3_trn.rank --check``'s answer."""
+    """The fit table with the tracker's row from ``python -m qwen3_trn.rank --check``."""
     if "tracked" not in check:
         return f"the tracker could not run ({check.get('tracked_error')}); the estimate above stands"
     return with_tracked(report, MemoryEstimate.from_record(check["tracked"])).table()

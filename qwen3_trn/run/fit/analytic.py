@@ -1,19 +1,16 @@
 """A closed-form activation profile: the quick screen before the probe, and its fallback.
 
-Bytes per token, in units of the compute dtype's element size, fitted to ``fit.probe``'s
-measurements of torchtitan's Qwen3 (debugmodel/tiny shapes with dim, heads, hidden size,
-experts and top_k varied one at a time, bf16 compute, no activation checkpointing):
+Bytes per token in units of the compute dtype's size, fitted to ``fit.probe``'s measurements of
+torchtitan's Qwen3 (small shapes varied one at a time, bf16, no activation checkpointing)::
 
     dense block  10 dim + 6 (q + kv) + 4 hidden
     MoE block    10 dim + 6 (q + kv) + top_k (3 dim + 4 moe_hidden) + 2 num_experts (fp32 router scores)
     full AC      1 dim per block (its input), plus one block recomputed in backward
     selective AC a quarter of the block
-    fixed        6 dim (embedding output, final norm, fp32 gradient accumulator of the chunked
-                 loss) + 3 x vocab / loss chunks in fp32 (one chunk's logits and their gradient)
+    fixed        6 dim (embedding, final norm, the chunked loss's fp32 gradient accumulator)
+                 + 3 x vocab / loss chunks in fp32 (one chunk's logits and their gradient)
 
-It is a hand model, so it is used only where it cannot change the answer (the estimate is far
-below or far above the device's memory) or where the probe cannot run; the estimate records
-which one was used.
+A hand model: used only where it cannot change the answer or the probe cannot run.
 """
 
 from __future__ import annotations

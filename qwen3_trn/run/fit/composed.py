@@ -1,13 +1,5 @@
-"""Rank 0's memory composed from torchtitan's parameter shapes, the layout, and measured activations.
-
-Parameters, gradients and AdamW states follow from every parameter's shape and how torchtitan
-shards it: FSDP over ``dp_shard x cp`` (padded on dim 0), tensor parallel over ``tp`` for
-matrices, routed experts over ``ep x efsdp = dp_shard x cp x tp``, pipeline stages split as
-torchtitan splits them; ``dp_replicate`` copies. Their dtype is the master dtype
-(``training.dtype``); FSDP all-gathers a block in the mixed-precision param dtype and
-reduce-scatters its gradients in fp32. Activations per micro-batch come from the probe
-(``fit.probe``: MemTracker on torchtitan's own model) or, where that cannot run, from a closed
-form (``fit.analytic``).
+"""Rank 0's memory composed from torchtitan's parameter shapes, the layout and measured
+activations (``fit.probe``, else ``fit.analytic``). Sharding follows torchtitan's: docs/fit.md.
 """
 
 from __future__ import annotations
@@ -38,7 +30,7 @@ TIED_FSDP_UNIT = {**FSDP_UNIT, "tok_embeddings": HEAD_UNIT}
 @dataclass(frozen=True)
 class Precision:
     """The run's dtypes: master (sharded params, grads, optimizer states), FSDP's param dtype
-    (all-gathered weights, activations) and its reduce dtype (reduce-scatter of gradients)."""
+    (gathered weights, activations) and its reduce dtype (gradient reduce-scatter)."""
 
     master: str
     param: str

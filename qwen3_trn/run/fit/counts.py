@@ -1,9 +1,7 @@
-"""Parameters and FLOPs per token, counted the way torchtitan counts them.
+"""Parameters and FLOPs per token, counted as torchtitan counts them.
 
-The model is torchtitan's own Qwen3 for the config's architecture, built on the meta device
-(no memory, well under a second even for 235B-A22B). Totals and FLOPs per token are
-``Qwen3Model.Config.get_nparams_and_flops``, the figure torchtitan's MFU uses; the active
-count per token follows the same function's categories (torchtitan only logs it).
+The model is torchtitan's Qwen3 built on the meta device (well under a second even for
+235B-A22B); totals and FLOPs are ``get_nparams_and_flops``, the figure torchtitan's MFU uses.
 """
 
 from __future__ import annotations
@@ -41,8 +39,8 @@ class Parameter:
 
     @property
     def module(self) -> str:
-        """The top-level module holding it, as torchtitan's pipeline split names them:
-        ``tok_embeddings``, ``layers.<i>``, ``norm`` or ``lm_head``."""
+        """The top-level module holding it, as torchtitan's pipeline split names them
+        (``tok_embeddings``, ``layers.<i>``, ``norm``, ``lm_head``)."""
         parts = self.fqn.split(".")
         return ".".join(parts[:2]) if parts[0] == "layers" else parts[0]
 
@@ -86,7 +84,6 @@ def meta_model(config: Qwen3Model.Config) -> torch.nn.Module:
 
 
 def count(flavor: str, arch: Qwen3Architecture, seq_len: int) -> ModelCounts:
-    """Counts for ``arch`` (the composed model group) at training sequence length ``seq_len``."""
     # torchtitan sizes the RoPE caches (buffers) to the training sequence length before it builds.
     config = build_model_config(flavor, dataclasses.replace(arch, max_seq_len=seq_len), ScaledDotProductAttention.Config())
     model = meta_model(config)

@@ -1,9 +1,6 @@
-"""How much memory one rank may use, and where that figure comes from.
-
-In order: ``device.memory_gib`` when set; the device itself when it is present (CUDA: the
-device's total memory; CPU: the host memory *available* now, shared by all ranks of the node);
-else the accelerator table below, for planning a machine that is not this one
-(``device.accelerator`` picks the entry; the device type's default otherwise).
+"""How much memory one rank may use, and where that figure comes from: ``device.memory_gib``,
+else the device present (CPU: host memory available now, shared by the node's ranks), else the
+accelerator table below for planning another machine.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""One training step of a composed config and layout: counts, rank 0's memory, and which model said so.
+"""One training step of a config and layout: counts, rank 0's memory, and which model said so.
 
-``estimate`` composes the figures from torchtitan's parameter shapes and the layout
-(``fit.composed``) with activations from the probe (``fit.probe``), or from the closed form
-(``fit.analytic``) where the probe is not needed to answer "does it fit" (far below or far
-above the budget) or cannot run. ``mode=check`` replaces them with the tracker's measurement
-of rank 0 (``fit.tracked``).
+Activations come from the probe, or from the closed form where that cannot change the answer
+or the probe cannot run; ``mode=check`` replaces the figures with the tracker's (``fit.tracked``).
 """
 
 from __future__ import annotations
@@ -40,7 +37,7 @@ CLEARLY_FITS = 0.5
 
 @dataclass(frozen=True)
 class StepModel:
-    """Everything about a config that the memory of its step depends on, except the layout."""
+    """What a config's step memory depends on, except the layout."""
 
     cfg: RunConfig
     device_type: str
@@ -85,8 +82,8 @@ class StepModel:
         )
 
     def probe_model_config(self):
-        """The model config the probe cuts: the run's own, or torchtitan's native Qwen3 of the same
-        architecture for backends whose model is not torchtitan's decoder (hf_v5)."""
+        """The model config the probe cuts: the run's own, or torchtitan's Qwen3 of the same
+        architecture where the backend's model is not torchtitan's (hf_v5)."""
         model = self.trainer_config.model_spec.model
         if getattr(model, "layers", None) is not None:
             return model
@@ -126,7 +123,7 @@ class StepModel:
 
 def estimate(model: StepModel, layout: Layout, budget: int | None, probe: bool) -> MemoryEstimate:
     """Rank 0's memory. ``probe``: always measure activations; else only where the closed form
-    leaves the answer open against ``budget`` (None: no budget, measure)."""
+    leaves the answer open against ``budget`` (None: measure)."""
     shape = model.shape(layout)
     quick = model.estimate(layout, model.analytic(shape), "analytic")
     persistent = quick.params + quick.grads + quick.optimizer

@@ -1,12 +1,8 @@
-"""Activation memory per micro-batch, measured on torchtitan's own model under FakeTensorMode.
+"""Activation memory per micro-batch, measured on torchtitan's model under FakeTensorMode.
 
-The model config the run trains is cut to two transformer blocks, built on the meta device,
-given the run's activation checkpointing, materialized under ``FakeTensorMode`` in the compute
-dtype, and run forward + torchtitan's chunked loss + backward inside PyTorch's ``MemTracker``.
-What the second block's forward leaves saved is what every further block adds; the rest of the
-peak is what embeddings, final norm, loss and the backward of one block add. Nothing is allocated and no process group is needed,
-so it runs in the launching process in well under a second for small models, and results are
-cached on disk.
+The run's model config is cut to two blocks and run forward, chunked loss and backward inside
+PyTorch's ``MemTracker``: what the second block leaves saved is what each further block adds.
+Nothing is allocated and no process group is needed; results are cached on disk.
 """
 
 from __future__ import annotations
@@ -60,8 +56,8 @@ def _cache_file() -> Path:
 
 
 def _cut(model_config: Qwen3Model.Config, layers: int) -> Qwen3Model.Config:
-    """The config with its first ``layers`` blocks, attention through SDPA (runs on CPU; FlexAttention
-    has no CPU backward, and its memory, like SDPA's flash kernel, grows linearly in the sequence)."""
+    """The config's first ``layers`` blocks with SDPA attention: FlexAttention has no CPU backward,
+    and its memory, like SDPA's flash kernel, grows linearly in the sequence."""
     config = dataclasses.replace(model_config, layers=copy.deepcopy(model_config.layers[:layers]))
     for layer in config.layers:
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
@@ -76,8 +72,8 @@ def _activations(snapshot: dict) -> int:
 def _measure(
     model_config, ac_config, loss_config: BaseLoss.Config | None, dtype: torch.dtype, batch: int, seq_len: int
 ) -> ActivationProfile:
-    """One forward + loss + backward of the two-block model: the peak, and what the second block's
-    forward left saved on top of the first's (the increment every further block adds)."""
+    """One forward, loss and backward of the two-block model: the peak, and what the second
+    block's forward saved on top of the first's."""
     with torch.device("meta"), set_default_dtype(dtype):
         model = model_config.build()
     if ac_config is not None:
@@ -110,8 +106,8 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def _key(model_config, ac_config, loss_config, dtype: torch.dtype, batch: int, seq_len: int) -> str:
-    """The cache key of a profile: the same for the same model, activation checkpointing, loss,
-    dtype and micro-batch in every process (no object addresses)."""
+    """The profile's cache key, the same in every process for the same model, activation
+    checkpointing, loss, dtype and micro-batch."""
     described = json.dumps(
         [
             model_config.to_dict(),

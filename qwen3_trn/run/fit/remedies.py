@@ -1,7 +1,5 @@
-"""What would make a step fit, most preferred first, each with its estimate.
-
-The variants are estimated with the closed-form activations (``fit.analytic``) so that a refused
-command answers within seconds; ``mode=plan`` with the suggested settings gives the measured figure.
+"""What would make a step fit, most preferred first, each with its estimate (closed-form
+activations, so a refused command answers within seconds).
 """
 
 from __future__ import annotations
@@ -115,7 +113,7 @@ def _size(arch: Qwen3Architecture) -> int:
 
 
 def smoke_run(model: StepModel, layout: Layout, budget: DeviceMemory) -> Remedy | None:
-    """The deepest cut of the model that fits, for a smoke run (fewer experts too if one block is too big)."""
+    """The deepest cut of the model that fits (with fewer experts if one block is too big)."""
     arch = model.arch
     experts = arch.num_experts
     target = budget.per_rank * SMOKE_SHARE

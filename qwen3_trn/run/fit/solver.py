@@ -1,21 +1,14 @@
-"""``parallelism=auto``: the layout of a given number of ranks that fits and communicates least.
+"""``parallelism=auto``: the layout of the given ranks that fits and communicates least.
 
-Every layout torchtitan accepts for the model is a candidate: tensor parallel within a node
-and dividing the attention heads, pipeline stages with enough micro-batches, expert parallel
-dividing the experts and ``dp_shard``, replication across nodes; the rest is FSDP. Each is
-estimated (``fit.estimate``) and those that fit are ranked: FSDP over the ranks (with expert
-parallel for MoE models) first; tensor parallel only where that fits nowhere (it puts its
-collectives on the critical path of every block); pipeline stages last (their bubble idles every
-rank); within a tier, by the bytes a rank sends per step, weighted by the link they cross.
+Ranking (docs/fit.md): FSDP, with expert parallel for MoE, first; tensor parallel only where that
+fits nowhere (its collectives sit on every block's critical path); pipeline stages last (their
+bubble idles every rank); within a tier, by bytes a rank sends per step, weighted by link.
 
-Communication per rank per step (P: parameters a rank gathers, T: its tokens, d: model dim):
-FSDP all-gathers P twice (forward, backward) in the param dtype and reduce-scatters the
-gradients in fp32; routed experts are gathered only over ``efsdp = dp_shard x tp / ep``;
-replicas all-reduce their gradient shards; TP moves 8 T d activations per block (all-gather and
-reduce-scatter around attention and MLP, forward and backward), EP 4 T top_k d per MoE block
-(dispatch and combine, forward and backward). A group spanning nodes costs ``INTER_NODE``
-times more per byte (EFA / InfiniBand against NeuronLink / NVLink). This is a ranking
-heuristic, not a runtime prediction.
+Bytes per rank and step (P: parameters a rank gathers, T: its tokens, d: model dim): FSDP
+all-gathers P twice in the param dtype and reduce-scatters gradients in fp32; routed experts
+are gathered over ``efsdp = dp_shard x tp / ep``; replicas all-reduce gradient shards; TP moves
+8 T d per block, EP 4 T top_k d per MoE block. A group spanning nodes costs ``INTER_NODE`` times
+more per byte. A ranking heuristic, not a runtime prediction.
 """
 
 from __future__ import annotations
@@ -42,8 +35,8 @@ class Candidate:
     communication: float
 
     def key(self) -> tuple:
-        """FSDP (with expert parallel for MoE) first, then tensor parallel, then pipeline stages,
-        each only where the one before fits nowhere; least communication within."""
+        """FSDP (with expert parallel for MoE), then tensor parallel, then pipeline stages, each only
+        where the one before fits nowhere; least communication within."""
         return (self.layout.pp > 1, self.layout.tp > 1, self.communication, self.layout.ep)
 
 
@@ -129,7 +122,7 @@ def _name(layout: Layout) -> str:
 def candidates(
     model: StepModel, nnodes: int, nproc_per_node: int, budget: DeviceMemory, rules: VendorLayouts | None = None
 ) -> list[Candidate]:
-    """Every layout torchtitan accepts (only those of the vendor's recipes where ``rules`` is given), estimated."""
+    """Every layout torchtitan accepts (only the vendor's where ``rules`` is given), estimated."""
     found = []
     for layout in candidate_layouts(model, nnodes, nproc_per_node):
         if rules is not None and not rules.admits(layout):
@@ -142,7 +135,7 @@ def candidates(
 def solve(
     model: StepModel, nnodes: int, nproc_per_node: int, budget: DeviceMemory, rules: VendorLayouts | None = None
 ) -> tuple[Layout, str]:
-    """The chosen layout and, in words, why. ``rules``: the instance type's vendor layouts, the only candidates then."""
+    """The chosen layout and why, in words. ``rules``: the vendor's layouts, then the only candidates."""
     every = candidates(model, nnodes, nproc_per_node, budget, rules)
     world = nnodes * nproc_per_node
     if not every:

@@ -1,16 +1,10 @@
 """Rank 0's memory over real training steps, measured by PyTorch's ``FSDPMemTracker``.
 
-torchtitan's own ``Trainer`` builds rank 0 of the real layout on its fake collective backend
-(``comm.mode=fake_backend``); the model is parallelized on the meta device as usual, and from the
-moment it is materialized everything runs under ``FakeTensorMode``, so no parameter, optimizer
-state or activation is allocated. Two steps run through the trainer's own forward/backward and
-optimizer: the first creates the optimizer states, the second is the steady state. Runs in a
-process of its own (it initializes a process group and points torchtitan at the CPU), e.g.
-``python -m qwen3_trn.rank <config> --check``.
-
-Deep models are measured at two cut depths and extrapolated: every block adds the same bytes
-(its shards, gradients, optimizer states and saved activations), so rank 0's figures are linear
-in its number of blocks.
+torchtitan's Trainer builds rank 0 of the layout on its fake collective backend and, once the
+model is materialized, runs under ``FakeTensorMode``, so nothing is allocated. The second of two
+steps is measured (the first creates the optimizer states). Runs in a process of its own
+(``python -m qwen3_trn.rank <config> --check``). Deep models are measured at two cut depths
+and extrapolated: every block adds the same bytes.
 """
 
 from __future__ import annotations
@@ -63,7 +57,7 @@ class TrackedStep:
     seconds: float
 
     def linear(self, other: TrackedStep, layers: int) -> TrackedStep:
-        """The figures at ``layers`` blocks on rank 0, on the line through self and other."""
+        """The figures at ``layers`` blocks, on the line through ``self`` and ``other``."""
         span = other.layers - self.layers
 
         def at(name: str) -> int:
@@ -76,10 +70,8 @@ class TrackedStep:
 
 def _entering(stack: contextlib.ExitStack, mode: FakeTensorMode, build: Callable) -> Callable:
     """``build`` (torchtitan's parallelize or pipelining function), after which fake mode is on.
-
-    FSDP's and DeviceMesh's initialization read tensor values (``.item()``, ``.tolist()``) that
-    fake tensors cannot answer, so they run as usual on the meta-device model; the Trainer then
-    materializes (``to_empty``), initializes and steps the parallelized model under fake mode."""
+    FSDP's and DeviceMesh's init read tensor values fake tensors lack, so they run on the meta model;
+    the Trainer then materializes and steps it under fake mode."""
 
     def wrapped(*args: Any, **kwargs: Any):
         result = build(*args, **kwargs)
@@ -96,8 +88,8 @@ def _batches(trainer, count: int) -> list:
 
 
 def _forward_backward(trainer, microbatches: list) -> None:
-    """The trainer's own forward/backward, fed as ``Trainer.train_step`` feeds it. ``train_step``
-    itself logs ``int(local_valid_tokens)``, a value fake tensors do not have."""
+    """The trainer's forward/backward, fed as ``Trainer.train_step`` feeds it (which itself logs
+    ``int(local_valid_tokens)``, a value fake tensors lack)."""
     with unset_fake_temporarily():
         tokens = torch.tensor(sum(labels.numel() for _, labels in microbatches))
     if trainer.parallel_dims.pp_enabled:
@@ -134,8 +126,8 @@ def _sum(totals: dict[str, int], names: tuple[str, ...]) -> int:
 
 @contextlib.contextmanager
 def fake_trainer(cfg: RunConfig, layout: Layout) -> Iterator:
-    """torchtitan's Trainer for rank 0 of ``layout`` on the fake backend, its model materialized
-    under FakeTensorMode (nothing allocated); the mode stays on inside the block."""
+    """torchtitan's Trainer for rank 0 of ``layout`` on the fake backend, materialized under
+    FakeTensorMode, which stays on inside the block."""
     world = layout.world_size
     os.environ.update({"NGPU": str(world), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world)})
     cpu = probe_device("cpu")
@@ -178,7 +170,7 @@ def rank0_parameters(cfg: RunConfig, layout: Layout) -> tuple[int, int]:
 
 
 def trainer_flops_per_token(cfg: RunConfig, layout: Layout) -> int:
-    """The FLOPs per token torchtitan's own Trainer computes for its MFU, for this config."""
+    """The FLOPs per token torchtitan's Trainer computes for its MFU."""
     with fake_trainer(cfg, layout) as trainer:
         return trainer.metrics_processor.num_flops_per_token
 
@@ -216,10 +208,9 @@ def _track(cfg: RunConfig, layout: Layout) -> TrackedStep:
 
 
 def isolated(fn: Callable, *args: Any):
-    """``fn(*args)`` in a child process of its own: a process builds one fake trainer (a second
-    one in the same process fails FSDP's mesh check under TP, torch keeps the first build's
-    device meshes). Children fork from a fork server that has imported this module and never
-    run autograd (autograd's threads do not survive a fork), so each starts in well under a second."""
+    """``fn(*args)`` in a child process: a second fake trainer in one process fails FSDP's mesh
+    check under TP (torch keeps the first build's meshes). Children fork from a server that never
+    ran autograd (its threads do not survive a fork), so each starts in well under a second."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([__name__])
     with ProcessPoolExecutor(max_workers=1, mp_context=context, max_tasks_per_child=1) as pool:
@@ -227,7 +218,7 @@ def isolated(fn: Callable, *args: Any):
 
 
 def _reraisable(fn: Callable, *args: Any):
-    """``fn(*args)``, its exception (not always picklable) turned into one that crosses processes."""
+    """``fn(*args)``, its exception (not always picklable) made one that crosses processes."""
     try:
         return fn(*args)
     except Exception as exc:  # noqa: BLE001 - re-raised with its type and message
@@ -244,8 +235,8 @@ def untrackable(layout: Layout) -> str | None:
 
 
 def measure(cfg: RunConfig, layout: Layout, backend: Backend, n_layers: int) -> tuple[TrackedStep, list[int]]:
-    """Rank 0's tracked step at the config's depth; cut depths are measured and extrapolated
-    when ``n_layers`` is deeper than they are. Returns the figures and the depths measured."""
+    """Rank 0's tracked step at the config's depth (cut depths measured and extrapolated when
+    deeper). Returns the figures and the depths measured."""
     depths = [depth * layout.pp for depth in CUT_DEPTHS]
     if n_layers <= depths[-1]:
         return isolated(_track, cfg, layout), [n_layers]

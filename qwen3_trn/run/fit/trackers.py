@@ -1,9 +1,5 @@
-"""PyTorch's memory trackers, set up for torchtitan's training step under FakeTensorMode.
-
-``torch.distributed._tools`` (``MemTracker``, ``FSDPMemTracker``) attributes every storage a
-step creates to parameters, gradients, optimizer states, activations or temporaries. Under
-``FakeTensorMode`` those storages are never allocated, so a step of any size is measured on a
-laptop. This module holds the one adaptation they need for torchtitan, and reads their figures.
+"""PyTorch's memory trackers (``MemTracker``, ``FSDPMemTracker``), set up for torchtitan's step
+under FakeTensorMode, where no storage is allocated, so a step of any size is measured here.
 """
 
 from __future__ import annotations
@@ -19,15 +15,11 @@ _STEP = "<training step>"
 
 
 class StepModTracker(ModTracker):
-    """``ModTracker`` that knows a step can run several backward passes.
+    """``ModTracker`` that allows several backward passes in one step.
 
-    torchtitan's ``ChunkedLossWrapper`` runs forward *and* backward of ``lm_head`` once per
-    sequence chunk, inside one step. ``ModTracker`` resets its ``parents`` to ``{"Global"}``
-    after every backward pass, and the memory trackers then read the next chunk's ``lm_head``
-    call as the start of a new iteration and raise ("does not support memory tracking for
-    multiple iterative calls"). Keeping the step itself among the parents makes those calls
-    what they are: repeated calls of a submodule within one step.
-    """
+    torchtitan's ``ChunkedLossWrapper`` runs ``lm_head`` forward and backward once per chunk.
+    ``ModTracker`` resets its parents after every backward, so the trackers would read the next
+    chunk as a new iteration and raise; keeping the step among the parents avoids it."""
 
     @property
     def parents(self) -> set[str]:

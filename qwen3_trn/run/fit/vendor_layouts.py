@@ -1,8 +1,7 @@
-"""The layouts a vendor's own stack runs on an instance type, and the degrees it cannot run.
+"""The layouts a vendor's stack runs on an instance type, and the degrees it cannot run.
 
-``parallelism=auto`` picks only among a rule's layouts; an explicit expert-parallel degree the
-stack cannot run is refused before any worker starts. Instance types without a rule (CUDA, CPU)
-take every layout torchtitan accepts.
+``parallelism=auto`` picks only among a rule's layouts; an expert-parallel degree the stack
+cannot run is refused. Instance types without a rule take every layout torchtitan accepts.
 """
 
 from __future__ import annotations
