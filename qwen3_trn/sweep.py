@@ -44,6 +44,7 @@ with imports_of_entry_point(__name__):
     from qwen3_trn.errors import ConfigError, NotApplicable, describe_error
     from qwen3_trn.launch import launcher_named, launcher_of
     from qwen3_trn.processes import PROCESS_SECTION, this_process
+    from qwen3_trn.quantities import QUANTITIES, REPORTED
     from qwen3_trn.records import (
         ERROR_LOG,
         IN_FLIGHT_STATUSES,
@@ -71,7 +72,6 @@ with imports_of_entry_point(__name__):
     )
     from qwen3_trn.redact import redact_argv, redact_log_handlers, redact_overrides, remember_env
     from qwen3_trn.report import build_report
-    from qwen3_trn.report.quantities import QUANTITIES
     from qwen3_trn.report.search import BEST_FILE, SEARCH_HTML
     from qwen3_trn.tracking import finish_dangling_run
 
@@ -89,19 +89,8 @@ OTHER_STATUSES = (
     RunStatus.planned,
     RunStatus.pruned,
 )
-FINAL_KEYS = (
-    "steps_logged",
-    "first_loss",
-    "last_loss",
-    "min_loss",
-    "val_loss",
-    "val_perplexity",
-    "validation_tokens_sha256",
-    "tokens_per_s",
-    "peak_memory_gib",
-    "mfu_pct",
-    "wall_time_s",
-)
+# A job's record keeps the figures compared across runs, and what its validation loss was taken on.
+FINAL_KEYS = (*REPORTED, "validation_tokens_sha256")
 
 
 # ------------------------------------------------------------------------------------------

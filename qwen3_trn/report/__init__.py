@@ -10,8 +10,8 @@ from their own record (``metrics.jsonl`` and ``summary.json``; ``overrides.yaml`
 manifest say what was swept). The swept keys are the overrides whose values differ between
 runs; runs that differ only in ``training.seed`` are seeds of one config, shown as their mean
 and range (min–max) in every figure and table, with marks for the configs that differ from the
-best beyond that range (``quantities.py``: every figure's name, unit, better direction and
-format). ``--publish`` also tries to publish a wandb Report with the same panels (``publish.py``).
+best beyond that range (``seeds.py``; every figure's name, unit, better direction and format:
+``qwen3_trn.quantities``). ``--publish`` also tries to publish a wandb Report with the same panels (``publish.py``).
 """
 
 from __future__ import annotations

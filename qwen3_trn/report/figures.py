@@ -11,11 +11,11 @@ their spread (min to max) where it ran with several (``sweep.seeds``):
   combination of the other swept keys;
 * for exactly two swept keys, heatmaps of the final validation loss, tokens/s and peak memory
   over the grid: the mean in each cell, the range under it, the colour from the mean with the
-  better end yellow in every heatmap, marks against the best config (``quantities.marks``).
+  better end yellow in every heatmap, marks against the best config (``seeds.marks``).
   Heatmaps are SVG, each cell an element with id ``<figure id>-cell-<row>-<column>``, so a
   browser (and a test) can find every cell.
 
-Every number is written as its figure says (``quantities.QUANTITIES``). "Final loss" is the
+Every number is written as its figure says (``qwen3_trn.quantities``). "Final loss" is the
 held-out loss of the last validation when every run has one, else the training loss of the last
 step; titles and axes say which.
 """
@@ -27,8 +27,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from qwen3_trn.report.quantities import BEST_MARK, QUANTITIES, TIED_MARK, Better, Quantity, Spread, marks, spread
+from qwen3_trn.quantities import QUANTITIES, Better, Quantity
 from qwen3_trn.report.runs import Collection, ConfigRuns, RunData
+from qwen3_trn.report.seeds import BEST_MARK, TIED_MARK, Spread, marks, spread
 
 BAR_COLOR = "#4c72b0"
 # The colour map of every heatmap: its yellow end is the better one.
@@ -44,7 +45,7 @@ class HeatmapCell:
     color: str
     low: float | None = None  # the seeds' range, where there are several
     high: float | None = None
-    mark: str = ""  # against the best config (quantities.MARKS_LEGEND)
+    mark: str = ""  # against the best config (seeds.MARKS_LEGEND)
 
 
 @dataclass

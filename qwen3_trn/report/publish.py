@@ -18,8 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from qwen3_trn.quantities import QUANTITIES
 from qwen3_trn.report.figures import GRID_FIGURES, final_loss_key, grid_keys, ordered_values, trained
-from qwen3_trn.report.quantities import QUANTITIES
 from qwen3_trn.report.runs import Collection
 from qwen3_trn.tracking import wandb_api_key
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from qwen3_trn.config.overrides import SEED_KEY
 from qwen3_trn.records import read_job_record, read_manifest, read_summary, summarize
-from qwen3_trn.report.quantities import Spread, spread
+from qwen3_trn.report.seeds import Spread, spread
 
 RUN_FILES = ("config.yaml", "summary.json", "metrics.jsonl", "job.json", "overrides.yaml")
 

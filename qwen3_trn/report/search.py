@@ -19,7 +19,7 @@ trials' run directories: ``search.html`` and ``search.md`` in the sweep director
   the sampler happened to try.
 
 Sampled values are written to a few significant digits, losses and seconds as every report
-writes them (``quantities.QUANTITIES``), run directories relative to the sweep directory.
+writes them (``qwen3_trn.quantities``), run directories relative to the sweep directory.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ import optuna
 import yaml
 from optuna.trial import TrialState
 
+from qwen3_trn.quantities import QUANTITIES
 from qwen3_trn.records import CONFIG_FILE, read_metrics, write_text_atomic
 from qwen3_trn.report.figures import _pyplot, _svg
-from qwen3_trn.report.quantities import QUANTITIES
 
 BEST_FILE = "best.yaml"
 SEARCH_HTML = "search.html"
