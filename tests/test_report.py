@@ -295,3 +295,31 @@ def test_report_renders_in_a_real_browser(seeds_sweep, tmp_path):
     from PIL import Image
 
     assert Image.open(shot).size == (1280, 2400)
+
+
+def test_every_figure_of_a_run_is_taken_as_its_table_says(sweep, tmp_path):
+    """``records.summarize`` writes the figures of ``qwen3_trn.results.quantities`` in the table's order,
+    each from the records the table names; the report's CSV has a column for each reported one."""
+    from qwen3_trn.results.quantities import QUANTITIES, REPORTED
+    from qwen3_trn.results.records import read_metrics, summarize
+
+    records = read_metrics(sweep / "1")  # native, top_k=2: four steps, validated at steps 1 and 4
+    figures = summarize(records)
+    sourced = [key for key, quantity in QUANTITIES.items() if quantity.source]
+    assert list(figures) == [key for key in sourced if key in figures]
+    assert set(sourced) - set(figures) == {"seconds_to_first_step"}  # these records carry no seconds_since_launch
+    assert (figures["first_step"], figures["last_step"], figures["val_step"], figures["validations"]) == (1, 4, 4, 2)
+    assert figures["first_val_loss"] == pytest.approx(_val_loss(1, "native", 2))
+    assert figures["min_val_loss"] == figures["val_loss"] == pytest.approx(_val_loss(4, "native", 2))
+    assert figures["min_loss"] == figures["last_loss"] == pytest.approx(_loss(4, "native", 2))
+    # MFU only where every steady step has it; a run without a training step: its count, zero
+    gap = [{k: v for k, v in r.items() if not (k == "mfu_pct" and r["step"] == 3)} for r in records]
+    assert "mfu_pct" not in summarize(gap) and summarize(gap)["tokens_per_s"] == figures["tokens_per_s"]
+    assert summarize([{"step": 1, "val_loss": 3.0}]) == {"steps_logged": 0}
+
+    build_report([sweep], out_dir=tmp_path / "out")
+    with (tmp_path / "out" / "report.csv").open() as handle:
+        header = next(csv.reader(handle))
+    columns = [QUANTITIES[key].csv or key for key in REPORTED]
+    start = header.index(columns[0])
+    assert header[start : start + len(columns)] == columns and "final_loss" in columns

@@ -287,3 +287,95 @@ def test_a_search_on_slurm_prunes_its_trial_on_the_node(slurm_cluster, tmp_path)
     assert [r["step"] for r in read_metrics(Path(job["run_dir"]))] == [1, 2]
     summary = read_summary(Path(job["run_dir"]))
     assert summary["status"] == "pruned" and summary["pruned"]["step"] == 2, summary
+
+
+# --- the trials over wall time (search.html's timeline, search.md's start and end columns) ---
+
+TIMELINE_BAR = re.compile(r'<g id="search-timeline-trial-(\d+)-(\w+)">\s*<path d="([^"]+)"')
+
+
+def _timeline_bars(html: str) -> dict[int, tuple[str, float, float]]:
+    """Each bar of the timeline as drawn: its trial's state and its left and right edge (SVG x)."""
+    bars = {}
+    for number, state, path in TIMELINE_BAR.findall(html):
+        xs = [float(x) for x in re.findall(r"[ML] ([\d.]+) [\d.]+", path)]
+        bars[int(number)] = (state, min(xs), max(xs))
+    return bars
+
+
+def _md_times(md: str) -> dict[int, tuple[float, float | None]]:
+    """Each trial's start and end as search.md's table of trials writes them (running: no end)."""
+    lines = [line for line in md.splitlines() if line.startswith("| ")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    start, end = header.index("start (s)"), header.index("end (s)")
+    times = {}
+    for line in lines[1:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[start]:
+            times[int(cells[0])] = (float(cells[start].replace(",", "")), float(cells[end].replace(",", "")) if cells[end] else None)
+    return times
+
+
+def _overlapping(spans: dict[int, tuple[float, float]]) -> set[tuple[int, int]]:
+    return {(a, b) for a in spans for b in spans if a < b and spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]}
+
+
+def _run_trials(study: optuna.Study, concurrent: bool) -> None:
+    """Real trials of a real study, asked and told as a search does: one at a time, or two in
+    flight with the next asked when one ends (trial 0 pruned at step 2, trial 3 left running)."""
+    from optuna.distributions import FloatDistribution
+
+    space = {"optimizer.lr": FloatDistribution(1e-4, 1.0, log=True)}
+    pause = 0.3  # long enough to tell apart in search.md's tenths of a second
+    first = study.ask(space)
+    second = study.ask(space) if concurrent else None
+    first.report(7.0, 2)
+    time.sleep(pause)
+    study.tell(first, state=TrialState.PRUNED)
+    second = second or study.ask(space)
+    third = study.ask(space) if concurrent else None
+    time.sleep(pause)
+    study.tell(second, 6.0)
+    third = third or study.ask(space)
+    time.sleep(pause)
+    study.tell(third, 5.0)
+    study.ask(space)
+
+
+@pytest.mark.parametrize("concurrent", [True, False], ids=["two-at-once", "one-at-a-time"])
+def test_the_timeline_shows_which_trials_ran_at_once(tmp_path, concurrent):
+    from qwen3_trn.report.search import write_search_report
+
+    sweep_dir = tmp_path / "sweep"
+    study = optuna.create_study(study_name="timeline", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    _run_trials(study, concurrent)
+    write_search_report(study, sweep_dir, {}, " ".join)
+    html, md = (sweep_dir / "search.html").read_text(), (sweep_dir / "search.md").read_text()
+
+    # the trials' own asked and told times, as Optuna recorded them
+    recorded = {t.number: (t.datetime_start, t.datetime_complete or t.datetime_start) for t in study.trials}
+    expected = _overlapping(recorded)
+    assert expected == ({(0, 1), (1, 2)} if concurrent else set())
+
+    bars = _timeline_bars(html)
+    assert {n: state for n, (state, _, _) in bars.items()} == {0: "pruned", 1: "complete", 2: "complete", 3: "running"}
+    assert _overlapping({n: (left, right) for n, (_, left, right) in bars.items() if n < 3}) == expected
+    assert "step 2</text>" in html.split('id="search-timeline-trial-0-pruned"')[1]  # where the pruned trial stopped
+
+    times = _md_times(md)
+    assert times[3][1] is None  # still running: no end
+    assert _overlapping({n: span for n, span in times.items() if n < 3}) == expected
+    assert all(times[n][1] > times[n][0] for n in range(3))
+    at_once = f"at most {2 if concurrent else 1} at once"
+    assert at_once in md and at_once in html
+
+
+def test_a_one_at_a_time_search_shows_no_overlap(search):
+    """The real sequential search: each trial asked after the one before was told."""
+    sweep_dir = search[0]
+    times = _md_times((sweep_dir / "search.md").read_text())
+    assert sorted(times) == [t.number for t in load_study(sweep_dir).trials]
+    assert _overlapping(times) == set()
+    bars = _timeline_bars((sweep_dir / "search.html").read_text())
+    assert _overlapping({n: (left, right) for n, (_, left, right) in bars.items()}) == set()
+    assert "at most 1 at once" in (sweep_dir / "search.md").read_text()

@@ -1,7 +1,7 @@
 """The report's figures, drawn with matplotlib over the collection's configs, each the mean of
 its seeds with their range: loss vs step, per-config bars (throughput, peak memory, MFU), the
 final loss against each swept key, and for two swept keys SVG heatmaps whose cells have ids
-``<figure id>-cell-<row>-<column>``. Numbers are written as ``quantities.QUANTITIES`` says.
+``<figure id>-cell-<row>-<column>``. Numbers are written as ``qwen3_trn.results.quantities`` says.
 
 "Final loss" is the last validation's loss when every run has one, else the last training loss.
 """
@@ -13,8 +13,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from qwen3_trn.report.quantities import BEST_MARK, QUANTITIES, TIED_MARK, Better, Quantity, Spread, marks, spread
 from qwen3_trn.report.runs import Collection, ConfigRuns, RunData
+from qwen3_trn.report.seeds import BEST_MARK, TIED_MARK, Spread, marks, spread
+from qwen3_trn.results.quantities import QUANTITIES, Better, Quantity
 
 BAR_COLOR = "#4c72b0"
 # The colour map of every heatmap: its yellow end is the better one.
@@ -30,7 +31,7 @@ class HeatmapCell:
     color: str
     low: float | None = None  # the seeds' range, where there are several
     high: float | None = None
-    mark: str = ""  # against the best config (quantities.MARKS_LEGEND)
+    mark: str = ""  # against the best config (seeds.MARKS_LEGEND)
 
 
 @dataclass

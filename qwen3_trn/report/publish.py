@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from qwen3_trn.report.figures import GRID_FIGURES, final_loss_key, grid_keys, ordered_values, trained
-from qwen3_trn.report.quantities import QUANTITIES
 from qwen3_trn.report.runs import Collection
+from qwen3_trn.results.quantities import QUANTITIES
 from qwen3_trn.run.tracking import wandb_api_key
 
 

@@ -15,8 +15,9 @@ from typing import Any
 from qwen3_trn.config.overrides import SEED_KEY
 from qwen3_trn.report.figures import HeatmapCell, Plot
 from qwen3_trn.report.figures import make_plots as _make_plots
-from qwen3_trn.report.quantities import MARKS_LEGEND, QUANTITIES, marks
 from qwen3_trn.report.runs import Collection, RunData
+from qwen3_trn.report.seeds import MARKS_LEGEND, marks
+from qwen3_trn.results.quantities import QUANTITIES, REPORTED
 from qwen3_trn.results.records import write_text_atomic
 
 # Columns shown with a short form in HTML and Markdown (the CSV keeps the full value).
@@ -28,18 +29,7 @@ CONFIG_FIGURES = tuple(k for k in TABLE_FIGURES if k != "val_perplexity")
 # A run's bookkeeping: in the table of runs and the CSV, not in the table of configs.
 BOOKKEEPING = ("validation_tokens_sha256", "source", "wandb_run_id", "run_dir", "note")
 # The CSV's figure columns (a run's raw values) and the figure each one is.
-CSV_FIGURES = {
-    "steps": "steps_logged",
-    "first_loss": "first_loss",
-    "final_loss": "last_loss",
-    "min_loss": "min_loss",
-    "val_loss": "val_loss",
-    "val_perplexity": "val_perplexity",
-    "tokens_per_s": "tokens_per_s",
-    "peak_memory_gib": "peak_memory_gib",
-    "mfu_pct": "mfu_pct",
-    "wall_time_s": "wall_time_s",
-}
+CSV_FIGURES = {QUANTITIES[key].csv or key: key for key in REPORTED}
 
 
 def make_plots(collection: Collection) -> list[Plot]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from qwen3_trn.config.overrides import SEED_KEY
-from qwen3_trn.report.quantities import Spread, spread
+from qwen3_trn.report.seeds import Spread, spread
 from qwen3_trn.results.records import RunStatus, read_job_record, read_manifest, read_summary, summarize
 
 RUN_FILES = ("config.yaml", "summary.json", "metrics.jsonl", "job.json", "overrides.yaml")

@@ -6,20 +6,27 @@ trials' run directories: ``search.html`` and ``search.md`` in the sweep director
   pruned ones dashed and ending in a cross at the step they were stopped, the best one thick;
   inline SVG, each line an element with id ``search-loss-trial-<n>`` (``-pruned`` added for a
   pruned trial);
+* the trials over wall time: one bar per trial from when it was asked to when its outcome was
+  told (Optuna's ``datetime_start`` / ``datetime_complete``; a running trial's bar ends now),
+  coloured by its state, so that trials that ran at once overlap; a pruned trial's bar ends in a
+  cross labelled with the step it was stopped at. Inline SVG, each bar an element with id
+  ``search-timeline-trial-<n>-<state>``; the page says how many trials ran at once at most;
 * one row per trial: its state (complete, pruned, failed: invalid or failed run, running), value,
-  parameters and run directory;
+  start and end (seconds since the search's first trial started), parameters and run directory;
 * parameter importances (``optuna.importance.get_param_importances``, fANOVA) with the number
   of completed trials they rest on, withheld (the page says why) until
   ``MIN_TRIALS_FOR_IMPORTANCES`` have completed: from fewer they mostly reflect which values
   the sampler happened to try.
 
-Sampled values are written to a few significant digits, losses as every report writes them
-(``quantities.QUANTITIES``), run directories relative to the sweep directory.
+Sampled values are written to a few significant digits, losses and seconds as every report
+writes them (``qwen3_trn.results.quantities``), run directories relative to the sweep directory.
 """
 
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,16 +35,22 @@ import yaml
 from optuna.trial import TrialState
 
 from qwen3_trn.report.figures import _pyplot, _svg
-from qwen3_trn.report.quantities import QUANTITIES
+from qwen3_trn.results.quantities import QUANTITIES
 from qwen3_trn.results.records import CONFIG_FILE, read_metrics, write_text_atomic
 
 BEST_FILE = "best.yaml"
 SEARCH_HTML = "search.html"
 SEARCH_MD = "search.md"
 FIGURE_ID = "search-loss"
+TIMELINE_ID = "search-timeline"
 MIN_TRIALS_FOR_IMPORTANCES = 10
 # How the value of a trial (its final validation loss) is written.
 VALUE = QUANTITIES["val_loss"]
+# How a trial's start and end (seconds since the search's first trial started) are written.
+SECONDS = QUANTITIES["wall_time_s"]
+# A trial's state (its bar in the timeline, its row in the table of trials) and its colour.
+STATE_COLORS = {"complete": "#4c72b0", "pruned": "#a60", "failed": "#b00", "running": "#888"}
+STATES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed", TrialState.RUNNING: "running"}
 
 
 def _trial_state(trial: optuna.trial.FrozenTrial) -> str:
@@ -78,6 +91,82 @@ def _relative(run_dir: str, sweep_dir: Path) -> str:
         return str(Path(run_dir).relative_to(sweep_dir))
     except ValueError:
         return run_dir
+
+
+@dataclass(frozen=True)
+class TrialSpan:
+    """A trial's time in the search: seconds since the search's first trial started."""
+
+    number: int
+    state: str  # a key of STATE_COLORS
+    start: float
+    end: float  # a running trial: now
+    pruned_step: int | None = None
+
+
+def trial_spans(study: optuna.Study, now: datetime | None = None) -> list[TrialSpan]:
+    """The trials that started (an invalid one never did), from their asked and told times."""
+    now = now or datetime.now()
+    started = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.datetime_start is not None and t.state in STATES and not t.user_attrs.get("invalid")
+    ]
+    if not started:
+        return []
+    origin = min(t.datetime_start for t in started)
+    spans = []
+    for trial in started:
+        pruned = trial.state == TrialState.PRUNED and trial.intermediate_values
+        spans.append(
+            TrialSpan(
+                trial.number,
+                STATES[trial.state],
+                (trial.datetime_start - origin).total_seconds(),
+                ((trial.datetime_complete or now) - origin).total_seconds(),
+                max(trial.intermediate_values) if pruned else None,
+            )
+        )
+    return spans
+
+
+def most_at_once(spans: list[TrialSpan]) -> int:
+    """The most trials in flight at one moment (one ending as the next starts: one at a time)."""
+    events = sorted([(s.start, 1) for s in spans] + [(s.end, -1) for s in spans])  # at a tie, ends first
+    most = running = 0
+    for _, change in events:
+        running += change
+        most = max(most, running)
+    return most
+
+
+def plot_timeline(study: optuna.Study, spans: list[TrialSpan]) -> str | None:
+    """One bar per trial over wall time (inline SVG), or None when no trial started."""
+    if not spans:
+        return None
+    from matplotlib.patches import Patch
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.3 * len(spans)))
+    for span in spans:
+        color = STATE_COLORS[span.state]
+        (bar,) = ax.barh(
+            span.number, span.end - span.start, left=span.start, height=0.6, color=color, hatch="//" if span.state == "running" else None
+        )
+        bar.set_gid(f"{TIMELINE_ID}-trial-{span.number}-{span.state}")
+        if span.pruned_step is not None:
+            ax.plot([span.end], [span.number], marker="x", markersize=9, color="black", linestyle="none")
+            ax.annotate(f"step {span.pruned_step}", (span.end, span.number), xytext=(6, -3), textcoords="offset points", fontsize=7)
+    present = [state for state in STATE_COLORS if any(s.state == state for s in spans)]
+    ax.legend(
+        handles=[Patch(color=STATE_COLORS[state], label=state) for state in present], fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1)
+    )
+    ax.set_yticks([s.number for s in spans], [f"trial {s.number}" for s in spans], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"wall time since the first trial started ({SECONDS.unit})")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(f"study {study.study_name}: trials over wall time (at most {most_at_once(spans)} at once; x: pruned at that step)")
+    return _svg(fig, TIMELINE_ID)
 
 
 def plot_trials(study: optuna.Study, run_dirs: dict[int, Path]) -> str | None:
@@ -139,17 +228,20 @@ def write_best(
     return record
 
 
-def _rows(study: optuna.Study, jobs: dict[int, dict[str, Any]], sweep_dir: Path) -> list[list[str]]:
+def _rows(study: optuna.Study, jobs: dict[int, dict[str, Any]], sweep_dir: Path, spans: list[TrialSpan]) -> list[list[str]]:
     keys = sorted({k for t in study.trials for k in t.params})
-    rows = [["trial", "state", "value", *keys, "run dir"]]
+    times = {s.number: s for s in spans}
+    rows = [["trial", "state", "value", f"start ({SECONDS.unit})", f"end ({SECONDS.unit})", *keys, "run dir"]]
     for trial in study.trials:
         value = VALUE.format(trial.value)
         if trial.state == TrialState.PRUNED and trial.intermediate_values:
             step = max(trial.intermediate_values)
             value = f"{VALUE.format(trial.intermediate_values[step])} at step {step}"
+        span = times.get(trial.number)
+        start, end = (SECONDS.format(span.start), "" if span.state == "running" else SECONDS.format(span.end)) if span else ("", "")
         params = [param_text(trial.params.get(k, "")) for k in keys]
         run_dir = _relative(str(jobs.get(trial.number, {}).get("run_dir", "")), sweep_dir)
-        rows.append([str(trial.number), _trial_state(trial), value, *params, run_dir])
+        rows.append([str(trial.number), _trial_state(trial), value, start, end, *params, run_dir])
     return rows
 
 
@@ -162,7 +254,14 @@ def write_search_report(
     best = write_best(study, sweep_dir, jobs, command_of)
     weights, basis = importances(study)
     figure = plot_trials(study, run_dirs)
-    rows = _rows(study, jobs, sweep_dir)
+    spans = trial_spans(study)
+    timeline = plot_timeline(study, spans)
+    at_once = (
+        f"{len(spans)} trials over {SECONDS.with_unit(max(s.end for s in spans))} of wall time, at most {most_at_once(spans)} at once."
+        if spans
+        else "No trial has started yet."
+    )
+    rows = _rows(study, jobs, sweep_dir, spans)
     storage_hint = f"optuna-dashboard sqlite:///{sweep_dir / 'optuna.db'}"
 
     md = [f"# Search {study.study_name}", "", f"Sweep directory: `{sweep_dir}`", ""]
@@ -177,6 +276,7 @@ def write_search_report(
         ]
     else:
         md += ["No trial has completed yet.", ""]
+    md += [f"{at_once} Start and end: seconds since the first trial started.", ""]
     md += ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     md += ["| " + " | ".join(r) + " |" for r in rows[1:]]
     md += ["", "## Parameter importances", ""]
@@ -204,12 +304,14 @@ def write_search_report(
     importance_html = f"<p>{html.escape(basis)}</p>" + (
         "<ul>" + "".join(f"<li><code>{html.escape(k)}</code>: {v:.2f}</li>" for k, v in weights.items()) + "</ul>" if weights else ""
     )
+    state_css = "".join(f"tr.{state}{{color:{color}}}" for state, color in STATE_COLORS.items() if state != "complete")
     page = (
         f"<!doctype html><html><head><meta charset='utf-8'><title>Search {html.escape(study.study_name)}</title>"
         "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}"
-        "tr.pruned{color:#a60}tr.failed{color:#b00}</style></head><body>"
+        f"{state_css}</style></head><body>"
         f"<h1>Search {html.escape(study.study_name)}</h1><p>Sweep directory: <code>{html.escape(str(sweep_dir))}</code></p>"
         f"{best_html}<h2>Validation loss per trial</h2>{figure or '<p>No trial has validated yet.</p>'}"
+        f"<h2 id='timeline'>Trials over wall time</h2><p>{html.escape(at_once)}</p>{timeline or ''}"
         f"<h2>Trials</h2>{table(rows)}<h2 id='importances'>Parameter importances</h2>{importance_html}"
         f"<p>Open the study in optuna-dashboard: <code>{html.escape(storage_hint)}</code></p></body></html>"
     )
@@ -217,4 +319,15 @@ def write_search_report(
     return {"html": str(sweep_dir / SEARCH_HTML), "markdown": str(sweep_dir / SEARCH_MD), "best": best, "importances": weights}
 
 
-__all__ = ["BEST_FILE", "SEARCH_HTML", "SEARCH_MD", "best_trial", "importances", "write_best", "write_search_report"]
+__all__ = [
+    "BEST_FILE",
+    "SEARCH_HTML",
+    "SEARCH_MD",
+    "TrialSpan",
+    "best_trial",
+    "importances",
+    "most_at_once",
+    "trial_spans",
+    "write_best",
+    "write_search_report",
+]

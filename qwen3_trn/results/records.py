@@ -34,6 +34,7 @@ from qwen3_trn.common.redact import redact_dump, redact_overrides, redact_tree, 
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.config.typed import run_config_from_container
 from qwen3_trn.results.processes import PROCESS_SECTION, is_gone
+from qwen3_trn.results.quantities import QUANTITIES, Over, Take
 
 # --- files of a run directory ---
 CONFIG_FILE = "config.yaml"
@@ -426,42 +427,41 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [by_step[step] for step in sorted(by_step)]
 
 
+# A value missing from a record is taken as this (first, last: None).
+_MISSING = {Take.min: math.inf, Take.max: 0.0, Take.mean: 0.0}
+_REDUCE = {
+    Take.first: lambda values: values[0],
+    Take.last: lambda values: values[-1],
+    Take.min: min,
+    Take.max: max,
+    Take.mean: lambda values: sum(values) / len(values),
+    Take.count: len,
+}
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """First/last loss, steady-state throughput (step 1 excluded: it includes warm-up), peaks,
-    and the held-out figures of the last validation."""
+    """The run's figures of its per-step records, each taken as ``quantities.QUANTITIES`` says:
+    first/last loss, steady-state throughput (step 1 excluded: it includes warm-up), peaks, and
+    the held-out figures of the last validation. A figure over records the run has none of is
+    left out; a run without a training step has only its count of them, zero."""
     train = [r for r in records if "loss" in r]
     if not train:
-        return {"steps_logged": 0}
-    steady = [r for r in train[1:] if "tokens_per_s" in r] or train
-
-    def mean(key: str) -> float:
-        return sum(r.get(key, 0.0) for r in steady) / len(steady)
-
-    summary = {
-        "steps_logged": len(train),
-        "first_step": train[0]["step"],
-        "last_step": train[-1]["step"],
-        "first_loss": train[0].get("loss"),
-        "last_loss": train[-1].get("loss"),
-        "min_loss": min(r.get("loss", math.inf) for r in train),
-        "tokens_per_s": mean("tokens_per_s"),
-        "tokens_per_s_per_rank": mean("tokens_per_s_per_rank"),
-        "peak_memory_gib": max(r.get("memory_peak_gib", 0.0) for r in train),
+        return {k: 0 for k, q in QUANTITIES.items() if q.source and q.source.over == Over.train and q.source.take == Take.count}
+    over = {
+        Over.train: train,
+        Over.steady: [r for r in train[1:] if "tokens_per_s" in r] or train,
+        Over.validated: [r for r in records if "val_loss" in r],
     }
-    if all("mfu_pct" in r for r in steady):
-        summary["mfu_pct"] = mean("mfu_pct")
-    if "seconds_since_launch" in train[0]:
-        summary["seconds_to_first_step"] = train[0]["seconds_since_launch"]
-    validated = [r for r in records if "val_loss" in r]
-    if validated:
-        summary.update(
-            val_loss=validated[-1]["val_loss"],
-            val_perplexity=validated[-1].get("val_perplexity"),
-            val_step=validated[-1]["step"],
-            first_val_loss=validated[0]["val_loss"],
-            min_val_loss=min(r["val_loss"] for r in validated),
-            validations=len(validated),
-        )
+    summary = {}
+    for key, quantity in QUANTITIES.items():
+        source = quantity.source
+        if source is None or not over[source.over]:
+            continue
+        rows = over[source.over]
+        taken = rows[:1] if source.take == Take.first else rows[-1:] if source.take == Take.last else rows
+        if source.every and not all(source.field in r for r in taken):
+            continue
+        summary[key] = _REDUCE[source.take]([r.get(source.field, _MISSING.get(source.take)) for r in taken])
     return summary
 
 

@@ -34,9 +34,9 @@ with imports_of_entry_point(__name__):
     from qwen3_trn.config.overrides import SEED_KEY, SEEDS_KEY, override_key
     from qwen3_trn.launch import launcher_named, launcher_of
     from qwen3_trn.report import build_report
-    from qwen3_trn.report.quantities import QUANTITIES
     from qwen3_trn.report.search import BEST_FILE, SEARCH_HTML
     from qwen3_trn.results.processes import PROCESS_SECTION, this_process
+    from qwen3_trn.results.quantities import QUANTITIES, REPORTED
     from qwen3_trn.results.records import (
         ERROR_LOG,
         IN_FLIGHT_STATUSES,
@@ -78,19 +78,8 @@ OTHER_STATUSES = (
     RunStatus.planned,
     RunStatus.pruned,
 )
-FINAL_KEYS = (
-    "steps_logged",
-    "first_loss",
-    "last_loss",
-    "min_loss",
-    "val_loss",
-    "val_perplexity",
-    "validation_tokens_sha256",
-    "tokens_per_s",
-    "peak_memory_gib",
-    "mfu_pct",
-    "wall_time_s",
-)
+# A job's record keeps the figures compared across runs, and what its validation loss was taken on.
+FINAL_KEYS = (*REPORTED, "validation_tokens_sha256")
 
 
 # ------------------------------------------------------------------------------------------
