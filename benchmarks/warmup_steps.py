@@ -18,7 +18,7 @@ clipping, optimizer step), with the page faults of each part; medians over the r
 
 The machine may be shared: a step's wall time moves with the load of other work (and with two
 compute threads on two busy cores, by far more than the work); the load averages say how busy
-it was. The figures in docs/performance.md were taken with this session's processes given the
+it was. The figures in docs/performance.md were taken with the benchmark's processes given the
 cores first (``nice -n -20`` in an autogroup of their own).
 """
 
