@@ -1,14 +1,8 @@
-"""Checkpoints that are safe to resume from, and saves that fail with a clear error.
+"""Checkpoints safe to resume from, and saves that fail with a clear error (docs/reliability.md).
 
-A DCP checkpoint ``step-N`` is *complete* when its ``.metadata`` file exists (DCP writes it
-last, after every shard; a model-only HF export has ``model.safetensors.index.json``):
-torchtitan's own rule for the checkpoints it resumes from. A save killed half-way leaves a
-``step-N`` without it; ``find_resume_point`` skips such folders and says so.
-
-``GuardedCheckpointManager`` is torchtitan's ``CheckpointManager`` with one behaviour added: a
-save that fails (no space left on device, a dead disk) raises ``CheckpointSaveError`` saying
-which step, why, and which complete checkpoint is still there, and removes the incomplete
-folder it leaves (freeing the space the run's records need).
+A ``step-N`` is complete when it has DCP's ``.metadata`` (written last, after every shard) or,
+for a model-only HF export, ``model.safetensors.index.json``: torchtitan's own rule. A failed
+save's incomplete folder is removed to free the space the run's records need.
 """
 
 from __future__ import annotations
@@ -167,7 +161,7 @@ def save_failure_message(exc: BaseException, step: int, folder: Path) -> str:
 
 @replaces_checkpoint_save
 class GuardedCheckpointManager(CheckpointManager):
-    """torchtitan's CheckpointManager whose failed saves end the run with a clear error (above)."""
+    """torchtitan's CheckpointManager whose failed save raises ``CheckpointSaveError``."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(CheckpointManager.Config):

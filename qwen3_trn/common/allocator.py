@@ -1,28 +1,14 @@
-"""The host allocator: freed CPU memory kept for reuse instead of faulted in again every step.
+"""The host allocator: freed CPU memory kept for reuse instead of faulted in again every step
+(docs/hardware.md, "The host allocator").
 
-PyTorch's CPU allocator is plain ``malloc``. glibc serves every block above its mmap threshold
-(at most 32 MiB) with a fresh ``mmap`` and unmaps it on free, so each training step faults in
-again, page by page, every large buffer it allocates: FSDP's gradient reduce buffers, the
-mixed-precision parameter copies, optimizer temporaries. For MoE models, whose parameters are
-many times their per-token compute, those page faults are a large, unsteady part of the step
-(``benchmarks/moe_profile.py`` prints the faults per step). Two remedies, the first where it
-is installed:
-
-* tcmalloc (gperftools' ``libtcmalloc_minimal``; Debian/Ubuntu package ``libtcmalloc-minimal4``),
-  the allocator PyTorch's CPU performance guide recommends and its CPU launcher
-  (``python -m torch.backends.xeon.run_cpu --enable-tcmalloc``) preloads. Its page heap hands a
-  step's recurring block sizes back without faults once the first steps have run. An allocator
-  that replaces ``malloc`` must be loaded before the process starts, so ``python -m qwen3_trn``
-  restarts itself once with it in ``LD_PRELOAD`` (:func:`exec_with_tcmalloc`; ``exec`` keeps
-  the process id); worker processes inherit it.
-* glibc, tuned (:func:`retain_freed_memory`): large blocks from the heap, and the heap never
-  trimmed. Many steps then reuse their pages, but where a large block finds no free one of its
-  size, or the heap cannot grow in place (it depends on the address-space layout), glibc takes
-  fresh pages again and that step faults.
-
-``QWEN3_TRN_HOST_ALLOCATOR`` chooses: ``auto`` (the default: tcmalloc where installed, else
-tuned glibc), ``glibc`` (tuned glibc even where tcmalloc is installed) or ``system`` (neither:
-``malloc`` as the process found it).
+glibc ``malloc`` serves blocks above its mmap threshold (at most 32 MiB) with a fresh ``mmap``
+and unmaps them on free, so every step faults in its large buffers (FSDP's reduce buffers,
+mixed-precision copies, optimizer temporaries) page by page: for MoE models a large, unsteady
+part of the step. tcmalloc hands recurring block sizes back without faults; it must be loaded
+before the process starts, so the command restarts itself once with it preloaded. Without it,
+glibc is tuned (no mmap, the heap never trimmed), though a block that finds no free one of its
+size still faults. ``QWEN3_TRN_HOST_ALLOCATOR``: ``auto`` (tcmalloc where installed, else tuned
+glibc), ``glibc``, or ``system`` (``malloc`` as the process found it).
 """
 
 from __future__ import annotations

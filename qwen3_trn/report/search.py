@@ -1,25 +1,7 @@
-"""The report of a hyperparameter search (``qwen3_trn.sweeps.search``), from its Optuna study and its
-trials' run directories: ``search.html`` and ``search.md`` in the sweep directory, and
-``best.yaml`` (the best trial's value, parameters, overrides and composed config).
-
-* validation loss per trial over steps (each trial's ``metrics.jsonl``): a line per trial, the
-  pruned ones dashed and ending in a cross at the step they were stopped, the best one thick;
-  inline SVG, each line an element with id ``search-loss-trial-<n>`` (``-pruned`` added for a
-  pruned trial);
-* the trials over wall time: one bar per trial from when it was asked to when its outcome was
-  told (Optuna's ``datetime_start`` / ``datetime_complete``; a running trial's bar ends now),
-  coloured by its state, so that trials that ran at once overlap; a pruned trial's bar ends in a
-  cross labelled with the step it was stopped at. Inline SVG, each bar an element with id
-  ``search-timeline-trial-<n>-<state>``; the page says how many trials ran at once at most;
-* one row per trial: its state (complete, pruned, failed: invalid or failed run, running), value,
-  start and end (seconds since the search's first trial started), parameters and run directory;
-* parameter importances (``optuna.importance.get_param_importances``, fANOVA) with the number
-  of completed trials they rest on, withheld (the page says why) until
-  ``MIN_TRIALS_FOR_IMPORTANCES`` have completed: from fewer they mostly reflect which values
-  the sampler happened to try.
-
-Sampled values are written to a few significant digits, losses and seconds as every report
-writes them (``qwen3_trn.results.quantities``), run directories relative to the sweep directory.
+"""The report of a hyperparameter search (docs/sweeps.md): ``search.html``, ``search.md`` and
+``best.yaml`` in the sweep directory, from the Optuna study and its trials' run directories.
+In the inline SVG each loss line has the id ``search-loss-trial-<n>`` (``-pruned`` added for a
+pruned trial) and each wall-time bar ``search-timeline-trial-<n>-<state>``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Whose process a record is: the host, pid and start time of the process that will write a
-run's end into its records (``summary.json``, a sweep job's ``job.json``), and whether that
-process still exists. A record that says ``running`` while its process is verifiably gone
-(SIGKILL, the OOM killer, a reboot) will never be ended by it: ``records.settle_died`` ends it.
-
-The start time (``/proc/<pid>/stat``'s 22nd field, clock ticks since boot) and the boot id
-tell a reused pid from the original process. A process of another host cannot be checked from
-here, and is never taken for gone."""
+"""The process that will write a run's end into its records, and whether it is verifiably gone
+(docs/reliability.md). Its start time (``/proc/<pid>/stat`` field 22) and the boot id tell a
+reused pid from the original process."""
 
 from __future__ import annotations
 
@@ -45,9 +40,8 @@ def on_this_host(process: dict[str, Any]) -> bool:
 
 
 def is_gone(process: dict[str, Any]) -> bool:
-    """Whether the recorded process verifiably no longer exists: on this host, and its pid is
-    free, a zombie, or another process's (another start time, or another boot). False where it
-    cannot be known (another host, nothing recorded)."""
+    """Whether the recorded process verifiably no longer exists (its pid free, a zombie, or
+    another process's); False where that cannot be known (another host, nothing recorded)."""
     pid = process.get("pid")
     if not isinstance(pid, int) or not on_this_host(process):
         return False

@@ -1,8 +1,6 @@
-"""The figures of a run (``summary.json``), in one table: each one's key, name, unit, which
-direction is better, how to write the number and where it comes from. ``records.summarize``
-takes them from the run's per-step records as the table says; the sweep copies the reported ones
-into each job's record; every plot, table and heatmap of the reports reads their names, units
-and formats from here. Nothing here imports anything of the package.
+"""The figures of a run (``summary.json``) in one table: key, name, unit, better direction,
+format and the per-step records each is taken from (``records.summarize``). Imports nothing of
+the package.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""The records of a run and of a sweep: one module owns the files in their directories.
-
-Every file name, every writer (atomic: written to a temporary file, then renamed over the
-target), every reader of a record, the status a run or sweep job can have, the environment
-variables the project passes between its processes, and loading a run's saved config; a run
-recorded running whose process is gone is settled here as died (``settle_died``). Nothing
-here imports torch, so the report and the sweep read runs without it.
-
-A run whose ranks run elsewhere (a Slurm job) has one launcher-neutral ``job`` section in its
-``summary.json`` (and in its sweep job's records): the launcher's name, the job's ``id``,
-``state``, ``label``, ``stdout``/``stderr``/``logs`` and whatever else that launcher records.
+"""The one owner of the files in run and sweep directories: their names, atomic writers and
+readers, statuses, saved configs and the environment variables between the project's processes.
+Imports no torch, so the report and the sweep read runs without it. Runs left ``running`` by a
+dead process: ``settle_died`` (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -93,8 +86,7 @@ class RunStatus(str, Enum):
     skipped = "skipped"
     # a trial of a search (hydra/sweeper=qwen3_trn_search) stopped early by its pruner
     pruned = "pruned"
-    # recorded running, but the process that would record its end is verifiably gone (SIGKILL,
-    # the OOM killer, a reboot): settled by whoever reads it (``settle_died``)
+    # recorded running, but its process is verifiably gone: settled by whoever reads it (settle_died)
     died = "died"
 
     def __str__(self) -> str:
@@ -121,8 +113,7 @@ def cache_dir() -> Path:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Readers see the old file or the new one, never a half-written one; no secret value is
-    written (``qwen3_trn.common.redact``)."""
+    """Readers see the old file or the new one, never half of one; secret values are scrubbed."""
     path = Path(path)
     text = scrub(text)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -181,9 +172,8 @@ def _claim(run_dir: Path) -> list[str]:
 
 
 def check_writable_dir(path: str | Path, key: str) -> None:
-    """A ``ConfigError`` naming ``key`` unless ``path`` is, or can be made, a directory this
-    process can write in. Probed by creating (and removing) a temporary directory in its deepest
-    existing ancestor, so nothing is left behind."""
+    """Raises ``ConfigError`` naming ``key`` unless ``path`` is, or can become, a directory this
+    process can write in; the probe leaves nothing behind."""
     path = Path(path).expanduser().absolute()
     existing = next(parent for parent in (path, *path.parents) if parent.exists())
     if not existing.is_dir():
@@ -197,10 +187,8 @@ def check_writable_dir(path: str | Path, key: str) -> None:
 
 
 class OutputDirCheck(Callback):
-    """Hydra creates the run (or sweep) directory before the task starts: checked first, so
-    that a location that cannot be written is bad input naming ``hydra.run.dir`` (or
-    ``hydra.sweep.dir``), exit 2, rather than a traceback. Hydra turns a callback's exception
-    into a warning, so the refusal exits here."""
+    """An unwritable ``hydra.run.dir`` / ``hydra.sweep.dir`` is bad input (exit 2), checked before
+    Hydra creates it. Exits itself: Hydra turns a callback's exception into a warning."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(str(config.hydra.run.dir), "hydra.run.dir")
@@ -218,12 +206,9 @@ class OutputDirCheck(Callback):
 
 
 def claim_run_dir(path: str | Path, fresh_if_taken: bool = False) -> Path:
-    """The run directory, claimed for this run alone: refused if a run already wrote there.
-
-    The claim is an exclusive create of ``CLAIM_FILE``, so two runs started at once with the
-    same directory cannot both win. ``fresh_if_taken`` (a timestamped directory pattern, which
-    runs started in the same instant share): the loser takes ``<dir>-1``, ``<dir>-2``, ...
-    instead of failing."""
+    """The run directory, claimed for this run alone (an exclusive create, so of two runs started
+    at once one wins); ``ConfigError`` if a run already wrote there. ``fresh_if_taken`` (timestamped
+    patterns): the loser takes ``<dir>-1``, ``<dir>-2``, ... instead."""
     run_dir = Path(path)
     check_writable_dir(run_dir, "hydra.run.dir")
     taken = _claim(run_dir)
@@ -243,8 +228,7 @@ def claim_run_dir(path: str | Path, fresh_if_taken: bool = False) -> Path:
 
 
 def release_run_dir(run_dir: Path) -> None:
-    """Undo ``claim_run_dir`` for a run that stopped before writing anything: the claim file
-    goes, and the directory too when nothing else is in it."""
+    """Undo this process's ``claim_run_dir`` for a run that wrote nothing (an empty directory goes too)."""
     run_dir = Path(run_dir)
     claim = run_dir / CLAIM_FILE
     try:
@@ -271,9 +255,8 @@ def remove_empty_dirs(path: Path, levels: int = 1) -> None:
 
 
 def prune_empty_dirs(run_dir: Path) -> None:
-    """Remove every empty folder below ``run_dir`` (deepest first), once its ranks are done:
-    torchtitan makes ``comm_traces/`` for NCCL's flight recorder, which writes there only when a
-    collective times out, and wandb an empty ``tmp/code/`` in its run folder."""
+    """Remove every empty folder below ``run_dir`` once its ranks are done: torchtitan's
+    ``comm_traces/`` (written only when a collective times out), wandb's ``tmp/code/``."""
     for folder, _subfolders, files in os.walk(run_dir, topdown=False):
         if Path(folder) != Path(run_dir) and not files:
             try:
@@ -364,9 +347,8 @@ def update_summary(run_dir: Path, /, **fields: Any) -> dict[str, Any]:
 
 
 def died_fields(record: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
-    """What a record still ``running`` becomes once its process (``PROCESS_SECTION``) is
-    verifiably gone: ``died``, with the figures and last step of its metrics. None while the
-    process may live (or runs on another host, where it cannot be checked)."""
+    """The fields that end a ``running`` record as ``died`` once its process is verifiably gone;
+    None while the process may live or cannot be checked (another host)."""
     process = record.get(PROCESS_SECTION) or {}
     if record.get("status") != RunStatus.running or not is_gone(process):
         return None
@@ -381,16 +363,14 @@ def died_fields(record: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
 
 
 def died_figures(run_dir: Path) -> dict[str, Any]:
-    """What a died run's records keep of it: the figures of its metrics and its last step (None
-    before the first)."""
+    """The figures of a died run's metrics; ``last_step`` None before the first step."""
     figures = summarize(read_metrics(run_dir))
     return {**figures, "last_step": figures.get("last_step")}
 
 
 def settle_died(run_dir: Path) -> dict[str, Any]:
-    """The run's summary, ended as ``died`` when it says running and its process is gone
-    (``died_fields``); read, decided and rewritten under the summary's lock, so no update of a
-    live run is lost. Returns the summary as it now is."""
+    """The run's summary as it now is, ended as ``died`` where ``died_fields`` says so; under the
+    summary's lock, so no update of a live run is lost."""
     path = Path(run_dir) / SUMMARY_FILE
     if not path.is_file():
         return {}
@@ -440,10 +420,9 @@ _REDUCE = {
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run's figures of its per-step records, each taken as ``quantities.QUANTITIES`` says:
-    first/last loss, steady-state throughput (step 1 excluded: it includes warm-up), peaks, and
-    the held-out figures of the last validation. A figure over records the run has none of is
-    left out; a run without a training step has only its count of them, zero."""
+    """The run's figures, each taken from its per-step records as ``quantities.QUANTITIES`` says.
+    A figure without records to take it from is left out; a run without a training step has
+    only its step count, zero."""
     train = [r for r in records if "loss" in r]
     if not train:
         return {k: 0 for k, q in QUANTITIES.items() if q.source and q.source.over == Over.train and q.source.take == Take.count}

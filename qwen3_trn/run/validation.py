@@ -1,20 +1,8 @@
-"""Held-out loss through torchtitan's own ``Validator`` (``torchtitan.components.validate``).
-
-``RunValidator`` is torchtitan's ``Validator`` with three additions, all outside its evaluation
-loop (which runs unchanged: eval mode, the trainer's loss function and parallel context, the
-token-weighted average over data-parallel ranks):
-
-* the schedule: torchtitan validates after step 1 and every ``freq`` steps; a run also ends
-  with a validation (``last_step``), so its final figure is a held-out one;
-* its own ``seq_len`` / ``local_batch_size`` when given, so that jobs of a sweep over the
-  training shape still evaluate the same tokens;
-* a SHA-256 of the token ids it evaluated (inputs and labels, in order), handed to the
-  metrics processor for ``summary.json``: equal digests mean equal validation tokens.
-
-Each validation rebuilds torchtitan's dataloader from the start of the held-out split, so every
-validation of a run, and of every run with the same data, tokenizer and shape, sees the same
-batches. The digest covers the tokens of the metrics rank; ranks of a data-parallel layout
-evaluate disjoint shards.
+"""Held-out loss through torchtitan's own ``Validator``, its evaluation loop unchanged
+(docs/validation.md). ``RunValidator`` adds a validation at the run's last step, its own row
+length and batch size (so jobs of a sweep over the training shape evaluate the same tokens), and a
+SHA-256 of the token ids evaluated for ``summary.json``. The digest covers the metrics rank's
+tokens; ranks of a data-parallel layout evaluate disjoint shards.
 """
 
 from __future__ import annotations
