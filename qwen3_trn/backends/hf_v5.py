@@ -1,11 +1,7 @@
 """backend=hf_v5: Qwen3 built by Hugging Face Transformers v5 inside torchtitan's
-``transformers_modeling_backend`` trainer, with HF safetensors in and out.
-
-The model is ``AutoModelForCausalLM``-style: torchtitan's ``HFTransformerModel`` instantiates the
-class named in an HF ``config.json`` (``Qwen3ForCausalLM`` or ``Qwen3MoeForCausalLM``). That
-config comes from ``qwen3_trn.models.hf_config``: built from the ``model`` group (so
-``model=0.6B`` means the same architecture as in backend=native), or read from
-``model.hf_model`` (hub id or local directory) with the group's overrides on top.
+``transformers_modeling_backend`` trainer, with HF safetensors in and out. Its ``config.json`` is
+built from the ``model`` group (the same architecture as backend=native), or read from
+``model.hf_model`` with the group's overrides on top (``qwen3_trn.models.hf_config``).
 """
 
 from __future__ import annotations
@@ -90,7 +86,7 @@ def _base(cfg: RunConfig) -> dict[str, Any] | None:
 
 
 def _causal_sdpa_attention(module, query, key, value, attention_mask, **kwargs):
-    """Causal SDPA for HF attention modules (the mask argument is None, see below)."""
+    """Causal SDPA for HF attention modules; no mask is passed (``use_causal_sdpa_attention``)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     kwargs.pop("is_causal", None)
@@ -107,28 +103,12 @@ def runs_sdpa(device: DeviceSpec) -> bool:
 
 
 def use_causal_sdpa_attention(model_config: Any | None = None, parallelize_fn: Callable | None = None):
-    """CPU and Neuron adaptation of the attention path of torchtitan's transformers backend.
-
-    torchtitan routes every HF attention layer through FlexAttention: ``HFTransformerModel.Config``
-    registers ``_flex_attention_torchtitan`` as "flex_torchtitan" in transformers'
-    ``AttentionInterface`` and sets the HF config's ``_attn_implementation`` to it, and
-    ``HFTransformerModel.forward`` builds a causal flex ``BlockMask`` (``get_attention_masks``)
-    for every batch. FlexAttention has no backward on CPU, and both it and the BlockMask are
-    compiled with inductor (``torch.compile(create_block_mask)`` in torchtitan's
-    ``models/common/attention.py``): seconds on CPU, and no code generation for Neuron at all
-    (torch-neuronx decomposes flex attention only inside its own compile backend,
-    ``neuron_dynamo_backend/fx/passes/flex_attention_legalization.py``), while its SDPA is a
-    Neuron op (NKI-backed: ``python_ops/nki_kernels/scaled_dot_product_attention.py``). Where the
-    device's default attention is SDPA (``runs_sdpa``) this instead
-
-    * registers a causal SDPA function as "qwen3_trn_causal_sdpa" (always; idempotent),
-    * points ``model_config`` (an ``HFTransformerModel.Config``) at it, and
-    * wraps ``parallelize_fn`` so the built model makes no BlockMask (transformers then passes
-      no mask to a custom attention function, and SDPA runs causal).
-
-    Same causal masking as torchtitan's default ``attn_mask_type="causal"``; like backend=native's
-    SDPA, documents packed into one row are not separated. CUDA keeps torchtitan's flex path.
-    Returns the wrapped parallelize_fn.
+    """Causal SDPA in place of torchtitan's FlexAttention for HF attention, on CPU and Neuron
+    (FlexAttention has no CPU backward, and its inductor-compiled BlockMask no Neuron code
+    generation: docs/hardware.md). Registers the function (idempotent), points ``model_config``
+    at it, and returns ``parallelize_fn`` wrapped so the model builds no BlockMask (transformers
+    then passes a custom attention no mask). Same causal masking as torchtitan's default; as in
+    backend=native's SDPA, documents packed into one row are not separated.
     """
     from transformers.modeling_utils import AttentionInterface
 
@@ -149,12 +129,9 @@ def use_causal_sdpa_attention(model_config: Any | None = None, parallelize_fn: C
 
 
 def aligning_token_groups(parallelize_fn: Callable, alignment: int) -> Callable:
-    """``parallelize_fn`` aligning the expert token groups of the torchtitan MoE it swaps in.
-
-    torchtitan's transformers backend replaces each HF MoE block with its own ``MoE``
-    (``moe_replacement.py``: the config is stored on the layer as ``_native_moe_config`` when the
-    model is built, and built into the layer by ``parallelize_hf_transformers``), so the experts
-    that run are torchtitan's ``GroupedExperts``; their configs are aligned just before."""
+    """``parallelize_fn`` aligning the expert token groups of the torchtitan ``MoE`` swapped in for
+    each HF MoE block: the config stored on the layer (``_native_moe_config``) is aligned just
+    before ``parallelize_hf_transformers`` builds it."""
 
     @functools.wraps(parallelize_fn)
     def parallelize(model, **kwargs):

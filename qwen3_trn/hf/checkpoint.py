@@ -1,8 +1,5 @@
-"""Reading HF safetensors checkpoints without loading them, and checking them against a model.
-
-``check_hf_checkpoint`` runs in preflight (backend=hf_v5's ``validate``): it reads only the
-safetensors headers and builds the HF model on the meta device, so a wrong folder or a
-checkpoint of another size fails in a second with the tensors named, instead of deep inside
+"""HF safetensors checkpoints checked against a model from their headers and a meta-device build,
+so in preflight a wrong folder or size fails in a second with the tensors named, not deep inside
 torchtitan's distributed checkpoint load.
 """
 
@@ -88,10 +85,8 @@ def compare_to_model(
 
 
 def check_hf_checkpoint(folder: str, hf_config: dict[str, Any], key: str = "checkpoint.initial_load_path") -> None:
-    """ConfigError unless ``folder`` holds HF safetensors that fit the model ``hf_config`` describes.
-
-    A DCP checkpoint folder (``.metadata``) is left to torchtitan's own loader.
-    """
+    """ConfigError unless ``folder`` holds HF safetensors that fit the model ``hf_config``
+    describes; a DCP checkpoint (``.metadata``) is left to torchtitan's own loader."""
     path = Path(folder).expanduser()
     if not path.is_dir():
         raise ConfigError(key, f"'{folder}' is not a directory; pass the HF model directory holding model*.safetensors.")

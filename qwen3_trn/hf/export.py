@@ -1,21 +1,6 @@
-"""Hugging Face model folders from any training mode (``checkpoint=hf_export``).
-
-``HFExportCheckpointManager`` is torchtitan's ``CheckpointManager`` (DCP checkpoints exactly as
-before when ``checkpoint.enable``) that also writes ``<run dir>/<hf_folder>/step-N`` at the last
-step, and every ``hf_interval`` steps when asked: the model's weights through the mode's own
-state-dict adapter (torchtitan's ``Qwen3StateDictAdapter`` for native and nki_moe,
-``Qwen3HFStateDictAdapter`` for hf_v5) and torchtitan's HF safetensors writer, in
-``export_dtype``; then ``config.json`` (``qwen3_trn.models.hf_config``, ``architectures`` set),
-``generation_config.json`` and the tokenizer files. Every rank writes its shard into a hidden
-staging folder, which rank 0 completes and renames into place, so a folder that exists is whole.
-
-torchtitan's own ``last_save_in_hf`` writes only the safetensors, into the DCP checkpoint folder,
-at the last step; this replaces it.
-
-Tied embeddings export without ``lm_head.weight`` (the adapters drop it), which is what
-transformers writes and expects for ``tie_word_embeddings``. MoE models lose torchtitan's
-load-balancing ``expert_bias`` (HF Qwen3-MoE has no slot for it), which only shifts which
-experts a token is routed to when biased scores reorder them.
+"""Hugging Face model folders from any training mode (``checkpoint=hf_export``, docs/export.md),
+written through the mode's own state-dict adapter and torchtitan's HF safetensors writer. Replaces
+torchtitan's ``last_save_in_hf``, which writes only the safetensors, into the DCP checkpoint folder.
 """
 
 from __future__ import annotations

@@ -1,33 +1,5 @@
-"""Two adaptations of torchtitan's transformers-backend model that make it train like native Qwen3.
-
-1. Tied embeddings stay tied (``parallelize_keeping_tied_embeddings``).
-   torchtitan's ``parallelize_hf_transformers`` starts by un-tying ``lm_head.weight`` from
-   ``embed_tokens.weight`` (a clone, for FSDP), then ``HFTransformerModel.init_states`` calls
-   ``tie_weights()`` again after FSDP wrapping. The optimizer then sees one parameter while the
-   forward uses the clone FSDP keeps restoring on ``lm_head``: the output layer never trains and
-   an HF export (which drops ``lm_head.weight`` for tied models) is not the model that trained.
-   Replacing ``lm_head`` with ``TiedLMHead`` (no parameter of its own; it reads the embedding's
-   weight) before torchtitan's parallelize keeps one shared parameter, which torchtitan's
-   ``apply_fsdp`` already groups with the embedding in one FSDP unit, as native Qwen3 does.
-
-2. Buffers torchtitan leaves uninitialised (``reset_unset_buffers``). The trainer builds the
-   model on the meta device, parallelizes it, then ``to_empty()`` + ``init_states()``:
-   * ``HFTransformerModel.init_states`` recomputes each rotary embedding's ``inv_freq`` from a
-     ``rope_init_fn`` attribute that transformers 5.24's ``Qwen3RotaryEmbedding`` no longer
-     has, so RoPE ran on garbage memory (random positions, sometimes a NaN loss);
-   * the Titan ``MoE`` modules swapped in for Qwen3-MoE blocks zero their load-balancing
-     buffers (``expert_bias_E``, ``tokens_per_expert_E``) at swap time, before ``to_empty()``,
-     and ``HFTransformerModel.init_states`` never re-initialises them, so tokens were routed by
-     ``scores + garbage``.
-   Rotary buffers are not in checkpoints and ``expert_bias`` has no HF slot, so this runs on
-   every build, with or without a checkpoint to load.
-
-3. Native Qwen3 initialisation (``init_like_native``).
-   torchtitan's HF init patch draws a tied embedding with std ``hidden_size**-0.5`` (0.0625 at
-   dim 256, giving an initial loss near 14 on the tiny model) and all experts with std 0.02;
-   native torchtitan Qwen3 uses std 0.02 everywhere, depth-scaled residual outputs in MoE
-   layers, and ones for norms. Re-drawing the HF parameters with native's own init functions
-   makes both modes start from the same distribution (same initial loss scale).
+"""What makes torchtitan's transformers-backend model train like native Qwen3: tied embeddings
+that stay tied, the buffers torchtitan leaves uninitialised, and native Qwen3's initialisation.
 """
 
 from __future__ import annotations
@@ -91,7 +63,11 @@ def keep_embeddings_tied(model: nn.Module) -> bool:
 
 def parallelize_keeping_tied_embeddings(parallelize_fn: Callable) -> Callable:
     """``parallelize_fn`` (torchtitan's ``parallelize_hf_transformers``) on a model whose tied
-    ``lm_head`` was first replaced by ``TiedLMHead`` (see the module docstring)."""
+    ``lm_head`` was first replaced by ``TiedLMHead``. torchtitan un-ties it for FSDP and re-ties it
+    after wrapping, so the optimizer saw one parameter while the forward used the clone FSDP
+    restores: the output layer never trained, and the HF export (without ``lm_head.weight``) was
+    not the model that trained. The shared parameter joins the embedding's FSDP unit, as in
+    native Qwen3."""
 
     @functools.wraps(parallelize_fn)
     def parallelize(model: nn.Module, **kwargs):
@@ -147,6 +123,10 @@ def reset_moe_buffers(model: nn.Module) -> int:
 
 
 def reset_unset_buffers(model: nn.Module) -> None:
+    """Initialise what the trainer's ``to_empty()`` + ``init_states()`` leave as garbage: rotary
+    ``inv_freq`` (``init_states`` recomputes it from a ``rope_init_fn`` transformers 5.24 no longer
+    has) and the swapped-in ``MoE``'s load-balancing buffers (zeroed before ``to_empty()`` only).
+    Neither is in an HF checkpoint, so this runs on every build."""
     reset_rotary_buffers(model)
     reset_moe_buffers(model)
 
@@ -157,11 +137,10 @@ def reset_unset_buffers(model: nn.Module) -> None:
 
 
 def native_init_plan(n_layers: int, is_moe: bool, tied: bool) -> list[tuple[re.Pattern, Callable]]:
-    """(parameter-name pattern, init function) pairs, from torchtitan's native Qwen3 builders
-    (``torchtitan.models.qwen3``: ``_build_qwen3_layers`` / ``_build_qwen3_moe_layers`` and the
-    flavor configs): std 0.02 normal for linears and embeddings, ones for norms; in MoE layers
-    the attention output and the experts' down projection use the depth-scaled std
-    ``0.02 / sqrt(2 * n_layers)``. A tied embedding is drawn once, by the output layer's init."""
+    """(parameter-name pattern, init function) pairs as torchtitan's native Qwen3 builders
+    (``torchtitan.models.qwen3``) initialise: std 0.02 for linears and embeddings, ones for norms,
+    ``0.02 / sqrt(2 * n_layers)`` for MoE layers' attention output and expert down projection.
+    A tied embedding is drawn once, by the output layer's init."""
     linear, norm, residual = _LINEAR_INIT["weight"], _NORM_INIT["weight"], _residual_output_weight_init(n_layers)
     plan = [
         (r"embed_tokens\.weight", linear if tied else _EMBEDDING_INIT["weight"]),
@@ -179,8 +158,9 @@ def native_init_plan(n_layers: int, is_moe: bool, tied: bool) -> list[tuple[re.P
 
 @torch.no_grad()
 def init_like_native(model: nn.Module, n_layers: int, is_moe: bool) -> list[str]:
-    """Re-draw every parameter of the HF-backend ``model`` as native Qwen3 would; returns the
-    names of parameters no rule covered (left as torchtitan initialised them)."""
+    """Re-draw every parameter of the HF-backend ``model`` as native Qwen3 does (torchtitan's HF
+    init draws a tied embedding with std ``hidden_size**-0.5``: a first loss near 14 on the tiny
+    model); returns the names no rule covered, left as torchtitan initialised them."""
     plan = native_init_plan(n_layers, is_moe, tied=is_tied(model))
     uncovered = []
     for name, param in model.named_parameters():

@@ -1,8 +1,6 @@
-"""Reference models as a user gets them: ``AutoModelForCausalLM.from_pretrained`` from plain,
-unpatched transformers, in a fresh interpreter (``in_clean_process``).
-
-This module imports torch and, when called, transformers, and nothing of torchtitan or the
-rest of the project: the fresh interpreter that runs a function of it loads only that.
+"""Reference models as a user gets them: ``from_pretrained`` from plain, unpatched transformers in
+a fresh interpreter (``in_clean_process``). Imports nothing of torchtitan or the project, so that
+interpreter loads only torch and transformers.
 """
 
 from __future__ import annotations
@@ -38,11 +36,9 @@ def loading_info(info: dict[str, Any]) -> dict[str, list[str]]:
 
 
 def in_clean_process(fn, *args):
-    """``fn(*args)`` in a spawned interpreter. Building torchtitan's ``HFTransformerModel``
-    monkeypatches transformers for the rest of the process (``PreTrainedModel._init_weights`` /
-    ``_initialize_weights`` and the decoder layer's ``__init__``; the patched init skips
-    meta-device modules, so ``from_pretrained`` afterwards leaves rotary ``inv_freq`` buffers
-    uninitialised). Reference models must come from unpatched transformers."""
+    """``fn(*args)`` in a spawned interpreter: building torchtitan's ``HFTransformerModel``
+    patches transformers' weight init for the rest of the process (``from_pretrained`` then
+    leaves rotary ``inv_freq`` uninitialised), and reference models need unpatched transformers."""
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(fn, *args).result()
 

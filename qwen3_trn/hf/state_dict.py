@@ -1,18 +1,11 @@
-"""HF safetensors <-> the torchtitan transformers-backend model, for dense and MoE Qwen3.
+"""HF safetensors <-> torchtitan's transformers-backend model, dense and MoE Qwen3.
 
-torchtitan's ``HFTransformerStateDictAdapter`` only strips the ``model.`` prefix (and drops a
-tied ``lm_head.weight``). That is the whole story for dense Qwen3. For Qwen3-MoE, torchtitan's
-parallelize step swaps every HF ``Qwen3MoeSparseMoeBlock`` for its own ``MoE`` module, whose
-state is ``mlp.router.gate.weight`` and grouped ``mlp.routed_experts.inner_experts.w{1,2,3}_*``
-tensors, while standard Qwen3-MoE safetensors (the released checkpoints, and what
-transformers v5's ``save_pretrained`` writes) hold ``mlp.gate.weight`` and one
-``mlp.experts.{j}.{gate,up,down}_proj.weight`` per expert.
-
-For those keys this adapter delegates to torchtitan's native ``Qwen3StateDictAdapter``, which
-already converts grouped experts to and from per-expert HF tensors (including FSDP/EP-sharded
-DTensors, without gathering them): MoE keys are renamed to native's names on the way in and
-back on the way out. torchtitan-only MoE buffers (load-balancing ``expert_bias``,
-``tokens_per_expert``) have no HF slot and are left out, as native's adapter does.
+torchtitan's ``HFTransformerStateDictAdapter`` only strips the ``model.`` prefix, enough for dense
+Qwen3. For MoE, torchtitan swaps each HF MoE block for its own ``MoE`` (grouped
+``routed_experts`` tensors) while HF safetensors hold one tensor per expert: those keys go through
+torchtitan's native ``Qwen3StateDictAdapter``, which converts sharded DTensors without gathering
+them. torchtitan-only buffers (``expert_bias``, ``tokens_per_expert``) have no HF slot and are
+left out.
 """
 
 from __future__ import annotations
@@ -51,10 +44,9 @@ class Qwen3HFStateDictAdapter(HFTransformerStateDictAdapter):
         self._native = native_moe_adapter(model_config, hf_assets_path) if getattr(model_config, "is_moe", False) else None
 
     def _prune_index(self, hf_state_dict: dict[str, Any]) -> None:
-        """Keys in the source's model.safetensors.index.json that this model never writes (a tied
-        ``lm_head.weight``, old ``rotary_emb.inv_freq`` buffers): left in, torchtitan's
-        consolidation writes a header entry without a dtype for them, and the file is unreadable.
-        Native's adapter drops the tied lm_head the same way."""
+        """Drop index keys this model never writes (a tied ``lm_head.weight``, old
+        ``rotary_emb.inv_freq``): torchtitan's consolidation would write them without a dtype,
+        leaving the file unreadable."""
         if not self.fqn_to_index_mapping:
             return
         for key in list(self.fqn_to_index_mapping):

@@ -1,11 +1,6 @@
-"""torchtitan's transformers-backend trainer, initialised like native Qwen3, reading HF weights by path.
-
-``Qwen3HFTrainer`` is ``HFTransformerTrainer`` (torchtitan/experiments/transformers_modeling_backend)
-with its uninitialised buffers fixed and native Qwen3's initialisation (``qwen3_trn.hf.model``).
-``checkpoint.initial_load_path`` pointing at a folder of ``*.safetensors`` (and no DCP
-``.metadata``) is read as HF weights (``initial_load_in_hf``), so fine-tuning from released
-weights needs only the path. Exports to Hugging Face folders are the same in every mode
-(``qwen3_trn.hf.export``).
+"""torchtitan's ``HFTransformerTrainer`` with its uninitialised buffers fixed and native Qwen3's
+initialisation (``qwen3_trn.hf.model``). A ``checkpoint.initial_load_path`` folder of
+``*.safetensors`` is read as HF weights, so fine-tuning from released weights needs only the path.
 """
 
 from __future__ import annotations

@@ -1,19 +1,16 @@
-"""Pure-torch layouts between torchtitan's MoE tensors and the nki-library blockwise kernels.
+"""Pure-torch layouts between torchtitan's MoE tensors and the nki-library blockwise kernels
+(``nkilib.core.moe.moe_cte``, ``blockwise_mm_bwd``); the same block layout pads token groups for
+devices whose ``_grouped_mm`` needs aligned offsets.
 
-torchtitan: ``w1_EFD``/``w3_EFD`` ``[E, F, D]``, ``w2_EDF`` ``[E, D, F]``, routed rows
-``x [R, D]`` sorted by expert, ``num_tokens_per_expert [E]``. The kernels
-(``nkilib.core.moe.moe_cte``, ``blockwise_mm_bwd``):
+torchtitan: ``w1_EFD``/``w3_EFD`` ``[E, F, D]``, ``w2_EDF`` ``[E, D, F]``, rows ``x [R, D]``
+sorted by expert, ``num_tokens_per_expert [E]``. The kernels (H = D, I = F):
+``gate_up_proj_weight [E, H, 2, I]``, ``down_proj_weight [E, I, H]``, ``hidden_states [T+1, H]``
+(a zero padding row at T), ``token_position_to_id [N*B]`` int32 (T for padding),
+``block_to_expert [N, 1]`` int32, ``expert_affinities_masked [(T+1)*E, 1]``.
 
-* ``gate_up_proj_weight [E, H, 2, I]`` (gate, up), ``down_proj_weight [E, I, H]``; H = D, I = F;
-* ``hidden_states [T+1, H]``: the rows and a zero padding row at index T;
-* ``token_position_to_id [N*B]`` int32 (row per block position, T for padding),
-  ``block_to_expert [N, 1]`` int32;
-* ``expert_affinities_masked [(T+1)*E, 1]``.
-
-Each routed row is its own "token" with affinity 1 for its expert, so the kernel computes
-torchtitan's expert MLP per row. Shapes are static (the block count is the worst case over all
-routings), so everything traces under ``torch.compile`` and Neuron's static graphs. The same
-block layout pads token groups for devices whose ``_grouped_mm`` needs aligned offsets.
+Each routed row is its own token with affinity 1 for its expert. Shapes are static (the block
+count is the worst case over all routings), so everything traces under ``torch.compile`` and
+Neuron's static graphs.
 """
 
 from __future__ import annotations
@@ -74,11 +71,9 @@ def w2_from_down(down: torch.Tensor) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- block routing
 def max_num_blocks(num_rows: int, num_experts: int, block_size: int) -> int:
-    """Most blocks any routing of ``num_rows`` rows over ``num_experts`` experts can need.
-
-    Expert e needs ceil(n_e / B) blocks. The sum is largest when k = min(E, R) experts are
-    non-empty, k - 1 of them holding a single row: (k - 1) + ceil((R - k + 1) / B).
-    """
+    """Most blocks any routing of ``num_rows`` rows over ``num_experts`` experts can need: the sum
+    of ceil(n_e / B) is largest with k = min(E, R) experts non-empty, k - 1 of them holding one
+    row, (k - 1) + ceil((R - k + 1) / B)."""
     if num_rows < 0 or num_experts <= 0 or block_size <= 0:
         raise ValueError(f"invalid sizes: rows={num_rows}, experts={num_experts}, block={block_size}")
     nonempty = min(num_experts, num_rows)
@@ -94,12 +89,9 @@ def blocks_per_expert(num_tokens_per_expert: torch.Tensor, block_size: int) -> t
 
 @dataclass(frozen=True)
 class BlockwiseRouting:
-    """Expert-sorted rows laid out in fixed-size blocks, one expert per block.
-
-    ``token_position_to_id [N*B]`` int32 (row index, ``num_rows`` for padding),
-    ``block_to_expert [N, 1]`` int32, ``position_of_row [R]`` int64 (where each row sits),
-    ``expert_of_row [R]`` int64.
-    """
+    """Expert-sorted rows laid out in fixed-size blocks, one expert per block: ``position_of_row
+    [R]`` (where each row sits) and ``expert_of_row [R]`` int64; ``token_position_to_id`` holds
+    ``num_rows`` at padding."""
 
     token_position_to_id: torch.Tensor
     block_to_expert: torch.Tensor
@@ -120,10 +112,9 @@ def blockwise_routing(
     block_size: int,
     num_blocks: int | None = None,
 ) -> BlockwiseRouting:
-    """Lay rows sorted by expert into blocks (``num_rows == num_tokens_per_expert.sum()``).
-
-    ``num_blocks`` defaults to the static bound ``max_num_blocks``. Unused trailing blocks hold only
-    the zero padding row and are given the last expert, so they add nothing."""
+    """Lay rows sorted by expert into blocks (``num_rows == num_tokens_per_expert.sum()``), by
+    default ``max_num_blocks`` of them. Unused trailing blocks hold only the zero padding row and
+    are given the last expert, so they add nothing."""
     num_experts = num_tokens_per_expert.shape[0]
     if num_blocks is None:
         num_blocks = max_num_blocks(num_rows, num_experts, block_size)
@@ -231,13 +222,11 @@ def check_token_group_alignment(
     alignment: int = NEURON_GROUPED_MM_ALIGNMENT,
     pads_token_groups: bool = True,
 ) -> TokenGroupPlan:
-    """Raise ``TokenGroupAlignmentError`` (with the numbers and a fix) when MoE token groups cannot
-    be aligned to ``alignment`` rows; else the plan and its cost.
-
-    ``tokens_per_step``: rows one rank routes per MoE layer call. With ``pads_token_groups`` (this
-    package's kernels) each group is padded in a static buffer, so any config can. Without it
-    (torchtitan's ``GroupedExperts``) offsets are the raw counts, aligned only under exactly balanced
-    routing, which needs ``tokens_per_step * top_k`` to be a multiple of ``num_experts * alignment``."""
+    """The padding plan for MoE token groups aligned to ``alignment`` rows; raises
+    ``TokenGroupAlignmentError`` (the numbers and a fix) when they cannot be. ``tokens_per_step``:
+    rows one rank routes per MoE layer call. Padded groups (``pads_token_groups``, this package's
+    kernels) always can; torchtitan's ``GroupedExperts`` offsets are the raw counts, aligned only
+    under balanced routing with ``tokens_per_step * top_k`` a multiple of ``num_experts * alignment``."""
     for name, value in (("tokens_per_step", tokens_per_step), ("top_k", top_k), ("num_experts", num_experts), ("alignment", alignment)):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise TokenGroupAlignmentError(f"{name} must be a positive integer, got {value!r}")
