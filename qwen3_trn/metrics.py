@@ -145,7 +145,13 @@ class JsonlLogger(BaseLogger):
 
 
 class ProgressLogger(BaseLogger):
-    """Step, loss, tokens/s and ETA: a live bar on a terminal, a plain line otherwise."""
+    """Step, loss, tokens/s and ETA: a live bar on a terminal, a plain line otherwise.
+
+    The bar is drawn when a step is logged, at most every ``REDRAW_S`` seconds, and once more
+    when training ends, not by rich's refresh thread, which would redraw it ten times a second
+    and take the interpreter from the training loop each time."""
+
+    REDRAW_S = 0.5
 
     def __init__(self, total_steps: int, data_parallel: int) -> None:
         self.total_steps = total_steps
@@ -153,6 +159,7 @@ class ProgressLogger(BaseLogger):
         self.started = time.perf_counter()
         self.first_step: int | None = None
         self._progress = None
+        self._drawn = -math.inf
         if sys.stdout.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -166,15 +173,23 @@ class ProgressLogger(BaseLogger):
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
                 transient=False,
+                auto_refresh=False,
             )
             self._task = self._progress.add_task("train", total=total_steps, loss=math.nan, val_loss=math.nan, tps=0.0)
             self._progress.start()
+
+    def _redraw(self) -> None:
+        now = time.perf_counter()
+        if now - self._drawn >= self.REDRAW_S:
+            self._progress.refresh()
+            self._drawn = now
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         if VALIDATION_LOSS in metrics:
             held_out = validation_record(metrics)
             if self._progress is not None:
                 self._progress.update(self._task, val_loss=held_out["val_loss"])
+                self._redraw()
             else:
                 print(
                     f"step {step:>5}/{self.total_steps}  val_loss {held_out['val_loss']:8.4f}  "
@@ -188,6 +203,7 @@ class ProgressLogger(BaseLogger):
         tps = float(metrics.get("throughput(tps)", 0.0)) * self.data_parallel
         if self._progress is not None:
             self._progress.update(self._task, completed=step, loss=loss, tps=tps)
+            self._redraw()
             return
         if self.first_step is None:
             self.first_step, self.started = step, time.perf_counter()
@@ -199,7 +215,7 @@ class ProgressLogger(BaseLogger):
 
     def close(self) -> None:
         if self._progress is not None:
-            self._progress.stop()
+            self._progress.stop()  # draws the last state
 
 
 class WandbMetricsLogger(BaseLogger):
