@@ -29,13 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-from omegaconf import OmegaConf
 
 from qwen3_trn.backends import Backend
+from qwen3_trn.config.schema import TrialConfig
 from qwen3_trn.hf.export import latest_hf_export
 from qwen3_trn.local_tensors import local_tensor
 from qwen3_trn.records import (
-    CONFIG_FILE,
     LAUNCH_TIME_ENV,
     METRICS_FILE,
     read_metrics,
@@ -238,14 +237,11 @@ class WandbMetricsLogger(BaseLogger):
         self.run.close()
 
 
-def _trial_of(run_dir: Path) -> TrialReporter | None:
-    """The search trial this run is (``sweep.trial`` of its saved config), or None."""
-    if not (run_dir / CONFIG_FILE).is_file():
+def _reporter(trial: TrialConfig | None, run_dir: str) -> TrialReporter | None:
+    """The reporter of the search trial this run is, or None outside a search."""
+    if trial is None or trial.storage is None or trial.study is None:
         return None
-    trial = OmegaConf.select(OmegaConf.load(run_dir / CONFIG_FILE), "sweep.trial")  # null outside a search
-    if not trial or trial.get("storage") is None or trial.get("study") is None:
-        return None
-    return TrialReporter(str(trial.storage), str(trial.study), trial.get("number"), str(run_dir))
+    return TrialReporter(trial.storage, trial.study, trial.number, run_dir)
 
 
 class RunMetricsProcessor(MetricsProcessor):
@@ -270,13 +266,16 @@ class RunMetricsProcessor(MetricsProcessor):
         """The run's backend, the one object of this process (``convert.to_trainer_config``):
         what the built model ran (``Backend.what_ran``) into summary.json."""
 
+        trial: TrialConfig | None = None
+        """``sweep.trial`` of the run: the search trial its validation losses are reported to."""
+
     def __init__(self, config: Config, **kwargs: Any) -> None:
         self._jsonl: JsonlLogger | None = None
         self._wandb = None
         self._validation_tokens: dict[str, Any] = {}
         self._metrics_rank = 0
         super().__init__(config, **kwargs)
-        self._trial = _trial_of(Path(config.run_dir)) if config.run_dir else None
+        self._trial = _reporter(config.trial, config.run_dir) if config.run_dir else None
 
     def record_validation_tokens(self, sha256: str, tokens: int) -> None:
         """Called by ``RunValidator``: which tokens the held-out figures were computed on."""
