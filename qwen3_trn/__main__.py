@@ -43,11 +43,11 @@ def hydra_main(cfg: DictConfig) -> None:
     # that such bad input is answered before the run's modules load. Imported here, not above:
     # they load only for a config that passed and a command that runs it. A ConfigError raised on
     # import (qwen3_trn.titan) exits 2 (main).
-    answer_early(cfg)
+    typed = answer_early(cfg)
     with exit_status(), no_run_dir_left():
         from qwen3_trn.app import run
 
-    run(cfg)
+    run(cfg, typed)
 
 
 def config_dirs(argv: list[str]) -> list[Path]:

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from qwen3_trn.allocator import host_allocator_choice
-from qwen3_trn.config.schema import Mode
+from qwen3_trn.config.schema import Mode, RunConfig
 from qwen3_trn.config.typed import to_run_config
 from qwen3_trn.convert import compile_warning
 from qwen3_trn.early import in_multirun, no_run_dir_left, run_dir_pattern
@@ -122,9 +122,11 @@ def _check_in_subprocess(run_dir: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def execute(cfg_node: DictConfig) -> dict | None:
+def execute(cfg_node: DictConfig, typed: RunConfig | None = None) -> dict | None:
+    """``typed``: ``cfg_node`` already typed (``early.answer_early``), else it is typed here."""
     host_allocator_choice()  # an unknown QWEN3_TRN_HOST_ALLOCATOR is bad input, refused here
-    cfg = to_run_config(cfg_node, check_ranges=False)  # among preflight's checks, with the others
+    # ranges: among preflight's checks, with the others
+    cfg = typed if typed is not None else to_run_config(cfg_node, check_ranges=False)
     remember_env(cfg.launcher.env)
     launcher = build_launcher(cfg.launcher)
     requested = cfg.output_dir
@@ -220,8 +222,9 @@ def _sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def run(cfg_node: DictConfig) -> dict | None:
-    """Hydra's task function, under the exit-code contract (``exit_status``).
+def run(cfg_node: DictConfig, typed: RunConfig | None = None) -> dict | None:
+    """Hydra's task function, under the exit-code contract (``exit_status``); ``typed``: the
+    config as ``early.answer_early`` typed it, so that it is not typed twice.
 
     In a multirun (``-m``) a job's error is recorded in its job.json and the sweep manifest
     instead, and the sweep goes on (``qwen3_trn.sweep``)."""
@@ -229,4 +232,4 @@ def run(cfg_node: DictConfig) -> dict | None:
     if in_multirun():
         return run_sweep_job(execute, cfg_node)
     with exit_status(), _sigterm_interrupts(), no_run_dir_left():
-        return execute(cfg_node)
+        return execute(cfg_node, typed)

@@ -83,16 +83,18 @@ def first_checks(cfg: RunConfig, problems: Problems) -> bool:
     return not ranges
 
 
-def answer_early(cfg_node: DictConfig) -> None:
+def answer_early(cfg_node: DictConfig) -> RunConfig | None:
     """A single run's config typed and its ranges and paths checked (module docstring): exit 2
-    when it cannot be typed or a value is out of range. A multirun's jobs were checked by its
-    sweeper."""
+    when it cannot be typed or a value is out of range. Returns the typed config, which the run
+    goes on with (None in a multirun, whose jobs were checked by its sweeper)."""
     if in_multirun():
-        return
+        return None
     with exit_status(), no_run_dir_left():
         problems = Problems()
-        if not first_checks(to_run_config(cfg_node, check_ranges=False), problems):
+        cfg = to_run_config(cfg_node, check_ranges=False)
+        if not first_checks(cfg, problems):
             problems.stop_if_any()
+    return cfg
 
 
 def sweeper_problems(sweeper: DictConfig) -> list[ConfigError]:
