@@ -130,6 +130,15 @@ def main() -> None:
             ):
                 results[name].append(fn(args.overrides, Path(tmp) / f"{name}-{pair}"))
     loads = [start_load] + [run.load for runs in results.values() for run in runs]
+    print("runs in order (first step s / its CPU s / wall step ms / CPU per step ms / load):")
+    for pair, runs in enumerate(zip(results["qwen3_trn"], results["torchtitan"])):
+        print(
+            f"  pair {pair}: "
+            + "   ".join(
+                f"{name} {r.first_step_s:.2f} / {r.first_step_cpu_s:.2f} / {1000 * r.wall_step_s:.1f} / {1000 * r.cpu_step_s:.1f} / {r.load:.2f}"
+                for name, r in zip(results, runs)
+            )
+        )
     print(
         f"{'path':<12} {'to first step (s)':>18} {'its CPU (s)':>12} {'steady tokens/s':>16} {'wall step (ms)':>15} "
         f"{'CPU/step (ms)':>14} {'CPU (s)':>8}"
