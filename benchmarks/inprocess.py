@@ -28,6 +28,7 @@ from qwen3_trn.app import to_run_config
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.config.store import register_schema
 from qwen3_trn.devices import resolve_device
+from qwen3_trn.launch.node import one_rank_world
 from qwen3_trn.run.convert import compute_dtype, to_trainer_config
 from qwen3_trn.run.layout import resolve_layout
 
@@ -42,13 +43,7 @@ def single_rank_trainer_config(overrides: list[str], out_dir: str) -> tuple[RunC
     device = resolve_device(cfg.device.type)
     device.activate(compute_dtype(cfg, device))
     config = to_trainer_config(cfg, device, resolve_layout(cfg.parallelism, 1, 1), cfg.backend.build())
-    os.environ.update(
-        {
-            "RANK": "0",
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": os.environ.get("MASTER_PORT", "29531"),
-        }
-    )
+    # The environment the command gives its in-process rank: a free port, not a fixed one that
+    # another run may hold (init_process_group then waits on it).
+    os.environ.update(one_rank_world())
     return cfg, config

@@ -41,11 +41,11 @@ def hydra_main(cfg: DictConfig) -> None:
     composed = True
     # The run's modules are imported here, not above: only for a config that passed
     # answer_early. A ConfigError raised while they import (qwen3_trn.titan) exits 2.
-    answer_early(cfg)
+    typed = answer_early(cfg)
     with exit_status(), no_run_dir_left():
         from qwen3_trn.app import run
 
-    run(cfg)
+    run(cfg, typed)
 
 
 def config_dirs(argv: list[str]) -> list[Path]:

@@ -27,7 +27,7 @@ from qwen3_trn.cli.exits import exit_status
 from qwen3_trn.common.allocator import host_allocator_choice
 from qwen3_trn.common.errors import ConfigError, RunInterrupted, describe_error
 from qwen3_trn.common.redact import redact_argv, redact_overrides, remember_env
-from qwen3_trn.config.schema import Mode
+from qwen3_trn.config.schema import Mode, RunConfig
 from qwen3_trn.config.typed import to_run_config
 from qwen3_trn.launch import build_launcher
 from qwen3_trn.plan import config_differences, plan_record, render_plan
@@ -118,9 +118,11 @@ def _check_in_subprocess(run_dir: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def execute(cfg_node: DictConfig) -> dict | None:
+def execute(cfg_node: DictConfig, typed: RunConfig | None = None) -> dict | None:
+    """``typed``: ``cfg_node`` already typed (``early.answer_early``), else it is typed here."""
     host_allocator_choice()  # an unknown QWEN3_TRN_HOST_ALLOCATOR is bad input, refused here
-    cfg = to_run_config(cfg_node, check_ranges=False)  # among preflight's checks, with the others
+    # ranges: among preflight's checks, with the others
+    cfg = typed if typed is not None else to_run_config(cfg_node, check_ranges=False)
     remember_env(cfg.launcher.env)
     launcher = build_launcher(cfg.launcher)
     requested = cfg.output_dir
@@ -215,11 +217,12 @@ def _sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def run(cfg_node: DictConfig) -> dict | None:
-    """Hydra's task function, under ``exit_status``. In a multirun a job's error is recorded
-    and the sweep goes on (``qwen3_trn.sweeps.sweep``)."""
+def run(cfg_node: DictConfig, typed: RunConfig | None = None) -> dict | None:
+    """Hydra's task function, under ``exit_status``; ``typed``: the config ``answer_early`` typed,
+    so that it is not typed twice. In a multirun a job's error is recorded and the sweep goes on
+    (``qwen3_trn.sweeps.sweep``)."""
     redact_argv()
     if in_multirun():
         return run_sweep_job(execute, cfg_node)
     with exit_status(), _sigterm_interrupts(), no_run_dir_left():
-        return execute(cfg_node)
+        return execute(cfg_node, typed)

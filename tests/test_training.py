@@ -185,3 +185,39 @@ def test_a_resumed_start_drops_the_lines_after_its_checkpoint_and_a_torn_last_li
         {"step": 2, "loss": 2.0},
         {"step": 3, "loss": 30.0},
     ]
+
+
+def test_the_progress_bar_on_a_terminal_is_drawn_by_the_logged_steps_not_a_thread(monkeypatch):
+    """On a terminal the bar starts no refresh thread beside the training loop: it is drawn when
+    it starts, when a step is logged (at most every REDRAW_S) and once more, in its last state,
+    when training ends."""
+    import pty
+    import threading
+
+    from qwen3_trn.run.metrics import ProgressLogger
+
+    master, replica = pty.openpty()
+    terminal = os.fdopen(replica, "w")
+    monkeypatch.setattr(sys, "stdout", terminal)
+    threads = set(threading.enumerate())
+    progress = ProgressLogger(total_steps=50, data_parallel=1)
+    assert set(threading.enumerate()) == threads
+    for step in range(1, 51):  # all well within REDRAW_S
+        progress.log({"loss_metrics/global_avg_loss": 7.0 - step / 100, "throughput(tps)": 1000.0}, step)
+    progress.close()
+    monkeypatch.undo()
+    terminal.close()
+    os.set_blocking(master, False)
+    drawn = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except (BlockingIOError, OSError):  # OSError: EIO once the terminal's other end is closed
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    os.close(master)
+    text = drawn.decode(errors="replace")
+    assert text.count("tok/s") == 3, text  # at the start, at step 1, at the end
+    assert "50/50" in text and "6.5000" in text, text

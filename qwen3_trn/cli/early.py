@@ -80,15 +80,17 @@ def first_checks(cfg: RunConfig, problems: Problems) -> bool:
     return not ranges
 
 
-def answer_early(cfg_node: DictConfig) -> None:
-    """Exit 2 when a single run's config cannot be typed or a value is out of range. A multirun's
-    jobs were checked by its sweeper."""
+def answer_early(cfg_node: DictConfig) -> RunConfig | None:
+    """Exit 2 when a single run's config cannot be typed or a value is out of range; else the
+    typed config, which the run goes on with (None in a multirun: its sweeper checked its jobs)."""
     if in_multirun():
-        return
+        return None
     with exit_status(), no_run_dir_left():
         problems = Problems()
-        if not first_checks(to_run_config(cfg_node, check_ranges=False), problems):
+        cfg = to_run_config(cfg_node, check_ranges=False)
+        if not first_checks(cfg, problems):
             problems.stop_if_any()
+    return cfg
 
 
 def _gives(key: str, overrides: list[str]) -> bool:

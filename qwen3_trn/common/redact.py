@@ -8,6 +8,7 @@ existing path). User-facing behaviour: docs/reliability.md.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -28,7 +29,13 @@ _registered: set[str] = set()
 
 
 def looks_secret(name: str) -> bool:
-    return bool(SECRET_NAME.search(str(name)))
+    return _secret_name(str(name))
+
+
+@functools.lru_cache(maxsize=4096)
+def _secret_name(name: str) -> bool:
+    # Cached: every line of a rank's log looks through the environment's names (``scrub``).
+    return bool(SECRET_NAME.search(name))
 
 
 def is_redacted(value: Any) -> bool:

@@ -151,6 +151,7 @@ def to_trainer_config(cfg: RunConfig, device: DeviceSpec, layout: Layout, backen
             backend=backend,
             validation_interval=cfg.validation.interval if cfg.validation.enable else 0,
             hf_export_dir=str(Path(cfg.output_dir) / cfg.checkpoint.hf_folder) if cfg.checkpoint.hf_export else "",
+            trial=cfg.sweep.trial,
         ),
         dataloader=HuggingFaceTextDataLoader.Config(dataset=dataset.name, dataset_path=dataset.path, num_workers=cfg.data.num_workers),
         optimizer=_optimizer(cfg),

@@ -29,13 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-from omegaconf import OmegaConf
 
 from qwen3_trn.backends import Backend
 from qwen3_trn.common.local_tensors import local_tensor
+from qwen3_trn.config.schema import TrialConfig
 from qwen3_trn.hf.export import latest_hf_export
 from qwen3_trn.results.records import (
-    CONFIG_FILE,
     LAUNCH_TIME_ENV,
     METRICS_FILE,
     read_metrics,
@@ -145,7 +144,13 @@ class JsonlLogger(BaseLogger):
 
 
 class ProgressLogger(BaseLogger):
-    """Step, loss, tokens/s and ETA: a live bar on a terminal, a plain line otherwise."""
+    """Step, loss, tokens/s and ETA: a live bar on a terminal, a plain line otherwise.
+
+    The bar is drawn when a step is logged, at most every ``REDRAW_S`` seconds, and once more
+    when training ends, not by rich's refresh thread, which would redraw it ten times a second
+    and take the interpreter from the training loop each time."""
+
+    REDRAW_S = 0.5
 
     def __init__(self, total_steps: int, data_parallel: int) -> None:
         self.total_steps = total_steps
@@ -153,6 +158,7 @@ class ProgressLogger(BaseLogger):
         self.started = time.perf_counter()
         self.first_step: int | None = None
         self._progress = None
+        self._drawn = -math.inf
         if sys.stdout.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -166,15 +172,23 @@ class ProgressLogger(BaseLogger):
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
                 transient=False,
+                auto_refresh=False,
             )
             self._task = self._progress.add_task("train", total=total_steps, loss=math.nan, val_loss=math.nan, tps=0.0)
             self._progress.start()
+
+    def _redraw(self) -> None:
+        now = time.perf_counter()
+        if now - self._drawn >= self.REDRAW_S:
+            self._progress.refresh()
+            self._drawn = now
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         if VALIDATION_LOSS in metrics:
             held_out = validation_record(metrics)
             if self._progress is not None:
                 self._progress.update(self._task, val_loss=held_out["val_loss"])
+                self._redraw()
             else:
                 print(
                     f"step {step:>5}/{self.total_steps}  val_loss {held_out['val_loss']:8.4f}  "
@@ -188,6 +202,7 @@ class ProgressLogger(BaseLogger):
         tps = float(metrics.get("throughput(tps)", 0.0)) * self.data_parallel
         if self._progress is not None:
             self._progress.update(self._task, completed=step, loss=loss, tps=tps)
+            self._redraw()
             return
         if self.first_step is None:
             self.first_step, self.started = step, time.perf_counter()
@@ -199,7 +214,7 @@ class ProgressLogger(BaseLogger):
 
     def close(self) -> None:
         if self._progress is not None:
-            self._progress.stop()
+            self._progress.stop()  # draws the last state
 
 
 class WandbMetricsLogger(BaseLogger):
@@ -222,14 +237,11 @@ class WandbMetricsLogger(BaseLogger):
         self.run.close()
 
 
-def _trial_of(run_dir: Path) -> TrialReporter | None:
-    """The search trial this run is (``sweep.trial`` of its saved config), or None."""
-    if not (run_dir / CONFIG_FILE).is_file():
+def _reporter(trial: TrialConfig | None, run_dir: str) -> TrialReporter | None:
+    """The reporter of the search trial this run is, or None outside a search."""
+    if trial is None or trial.storage is None or trial.study is None:
         return None
-    trial = OmegaConf.select(OmegaConf.load(run_dir / CONFIG_FILE), "sweep.trial")  # null outside a search
-    if not trial or trial.get("storage") is None or trial.get("study") is None:
-        return None
-    return TrialReporter(str(trial.storage), str(trial.study), trial.get("number"), str(run_dir))
+    return TrialReporter(trial.storage, trial.study, trial.number, run_dir)
 
 
 class RunMetricsProcessor(MetricsProcessor):
@@ -254,13 +266,16 @@ class RunMetricsProcessor(MetricsProcessor):
         """The run's backend, the one object of this process (``convert.to_trainer_config``):
         what the built model ran (``Backend.what_ran``) into summary.json."""
 
+        trial: TrialConfig | None = None
+        """``sweep.trial`` of the run: the search trial its validation losses are reported to."""
+
     def __init__(self, config: Config, **kwargs: Any) -> None:
         self._jsonl: JsonlLogger | None = None
         self._wandb = None
         self._validation_tokens: dict[str, Any] = {}
         self._metrics_rank = 0
         super().__init__(config, **kwargs)
-        self._trial = _trial_of(Path(config.run_dir)) if config.run_dir else None
+        self._trial = _reporter(config.trial, config.run_dir) if config.run_dir else None
 
     def record_validation_tokens(self, sha256: str, tokens: int) -> None:
         """Called by ``RunValidator``: which tokens the held-out figures were computed on."""
