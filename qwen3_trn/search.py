@@ -29,27 +29,45 @@ validation loss (``val_loss`` of the run's summary; ``direction: maximize`` is a
 
 from __future__ import annotations
 
+import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from qwen3_trn.config.overrides import SEEDS_KEY
 from qwen3_trn.config.schema import Mode
 from qwen3_trn.errors import ConfigError
+from qwen3_trn.job_processes import JobProcess, start_job, stop_jobs, wait_first
+from qwen3_trn.launch import Launcher, launcher_of
 from qwen3_trn.records import IN_FLIGHT_STATUSES, scrub_hydra_files
+from qwen3_trn.redact import redact_argv, redact_overrides, redact_url, remember, scrub
 from qwen3_trn.report.search import write_search_report
 from qwen3_trn.sweep import collect_jobs, rerun_command, settle_jobs, start_sweep_record, sweep_seeds
 from qwen3_trn.sweeper import CheckedSweeper, JobCheck
-from qwen3_trn.trials import PRUNER_ATTR, RUN_DIR_ATTR, make_pruner, make_sampler
+from qwen3_trn.trials import (
+    PRUNER_ATTR,
+    RUN_DIR_ATTR,
+    STORAGE_PASSWORD_ENV,
+    make_pruner,
+    make_sampler,
+    study_storage,
+    without_password,
+)
 
 STORAGE_FILE = "optuna.db"
+# The default storage where the trials run on other machines (launcher=slurm): Optuna's journal
+# in the shared sweep directory.
+JOURNAL_FILE = "optuna.journal"
+# The trial's user attributes with its job's wall-clock start and end (seconds since the epoch).
+WALL_TIME_ATTRS = ("started", "ended")
 # The overrides that tell a job which study it is a trial of (qwen3_trn.config.schema.TrialConfig);
 # it finds its trial by its run directory (the trial's user attribute run_dir).
 TRIAL_KEY = "sweep.trial"
@@ -99,12 +117,24 @@ def _quoted(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+@dataclass
+class RunningTrial:
+    """A trial this invocation started and has not told yet."""
+
+    number: int
+    run_dir: Path
+    launcher: Launcher
+    process: JobProcess | None = None  # None: it ran in this process (n_concurrent=1, ranks here)
+
+
 class SearchSweeper(CheckedSweeper):
-    """Optuna's ask-and-tell over the project's sweep jobs (module docstring)."""
+    """Optuna's ask-and-tell over the project's sweep jobs, up to ``n_concurrent`` at once
+    (module docstring)."""
 
     def __init__(
         self,
         n_trials: int = 10,
+        n_concurrent: int = 1,
         direction: str = "minimize",
         study_name: str | None = None,
         storage: str | None = None,
@@ -115,6 +145,7 @@ class SearchSweeper(CheckedSweeper):
     ) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
         self.n_trials = int(n_trials)
+        self.n_concurrent = int(n_concurrent)
         self.direction = str(direction)
         self.study_name = study_name
         self.storage = storage
@@ -124,6 +155,7 @@ class SearchSweeper(CheckedSweeper):
     def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         try:
             space, fixed = search_space(parser.parse_overrides([*self._parse_config(), *arguments]))
             if not space:
@@ -133,17 +165,13 @@ class SearchSweeper(CheckedSweeper):
             if sweep_seeds(self.config) > 1:
                 raise ConfigError(SEEDS_KEY, "a search runs each trial once; leave sweep.seeds out (grid sweeps replicate their jobs).")
             sampler, pruner = make_sampler(self.sampler_spec), make_pruner(self.pruner_spec)
+            storage = self._storage_spec(sweep_dir)
+            name = self.study_name or "search"
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+            study, resumed = _open_study(storage, name, self.direction, sampler, pruner)
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             sys.exit(2)
-        sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        storage = self.storage or f"sqlite:///{sweep_dir / STORAGE_FILE}"
-        name = self.study_name or "search"
-        resumed = name in optuna.get_all_study_names(storage) if (sweep_dir / STORAGE_FILE).exists() or self.storage else False
-        study = optuna.create_study(
-            study_name=name, storage=storage, direction=self.direction, sampler=sampler, pruner=pruner, load_if_exists=True
-        )
         study.set_user_attr(PRUNER_ATTR, self.pruner_spec)
         study.set_user_attr("sweep_dir", str(sweep_dir))
 
@@ -155,24 +183,7 @@ class SearchSweeper(CheckedSweeper):
             print(f"[search] study {name} resumed from {storage}: {_counts(study)}", flush=True)
 
         trial_keys = [f"{TRIAL_KEY}.storage={_quoted(storage)}", f"{TRIAL_KEY}.study={_quoted(name)}"]
-        while len(study.trials) < self.n_trials:
-            trial = study.ask(space)
-            overrides = [*fixed, *(f"{key}={_format(value)}" for key, value in trial.params.items()), *trial_keys]
-            job = self._check(trial.number, overrides, sweep_dir)
-            if job.invalid or (job.prepared is not None and job.prepared.cfg.mode != Mode.train):
-                self._refuse(study, trial, job, sweep_dir)
-                continue
-            # how the job finds its trial (the same overrides for every trial: nothing more "swept")
-            trial.set_user_attr(RUN_DIR_ATTR, str(Path(job.prepared.cfg.output_dir).resolve()))
-            print(
-                f"[search] trial {trial.number}/{self.n_trials}: {' '.join(f'{k}={_format(v)}' for k, v in trial.params.items())}",
-                flush=True,
-            )
-            self._launch([(trial.number, overrides)])
-            record = _jobs(sweep_dir).get(trial.number)
-            if record and record.get("status") in IN_FLIGHT_STATUSES and job.launcher.waits_for_jobs:
-                record = settle_jobs([record], wait=True)[0]  # a launcher that waits for its jobs: their outcome first
-            self._tell(study, trial.number, record)
+        self._run_trials(study, space, [*fixed, *trial_keys], sweep_dir)
 
         jobs = _jobs(sweep_dir)
         report = write_search_report(study, sweep_dir, jobs, rerun_command)
@@ -185,6 +196,122 @@ class SearchSweeper(CheckedSweeper):
         print(f"[search] report: {report['html']}; dashboard: optuna-dashboard {storage}", flush=True)
         return []
 
+    # --- storage ----------------------------------------------------------------------------
+
+    def _storage_spec(self, sweep_dir: Path) -> str:
+        """The study's storage as the trials name it (a URL without its password, or a journal
+        file); a URL's password goes to ``STORAGE_PASSWORD_ENV`` of this process, which its
+        trials (local processes, Slurm jobs) inherit, and out of the config every file is
+        written from."""
+        if self.storage:
+            spec, password = without_password(str(self.storage))
+        else:
+            elsewhere = not launcher_of(self.config.get("launcher")).ranks_here
+            spec, password = str(sweep_dir / JOURNAL_FILE) if elsewhere else f"sqlite:///{sweep_dir / STORAGE_FILE}", None
+        if password is not None:
+            os.environ[STORAGE_PASSWORD_ENV] = password
+            remember([password])
+            redact_argv()
+            with open_dict(self.config):
+                self.config.hydra.sweeper.storage = spec
+                for kind in ("hydra", "task"):
+                    overrides = self.config.hydra.overrides.get(kind) or []
+                    self.config.hydra.overrides[kind] = redact_overrides(overrides)
+        return spec
+
+    # --- the trials -------------------------------------------------------------------------
+
+    def _run_trials(self, study: optuna.Study, space: dict[str, BaseDistribution], fixed: list[str], sweep_dir: Path) -> None:
+        """Up to ``n_concurrent`` trials in flight, a new one asked as soon as one ends, until the
+        study has ``n_trials``; Ctrl-C stops those in flight and tells the study their end."""
+        running: dict[int, RunningTrial] = {}
+        try:
+            while True:
+                while len(study.trials) < self.n_trials and len(running) + self._detached(study, running, sweep_dir) < self.n_concurrent:
+                    self._start_next(study, space, fixed, sweep_dir, running)
+                concurrent = [trial.process for trial in running.values() if trial.process is not None]
+                ended = {p.num for p in wait_first(concurrent)} | {n for n, t in running.items() if t.process is None}
+                if not ended:
+                    break
+                for number in sorted(ended):
+                    self._finish(study, running.pop(number), sweep_dir)
+        except KeyboardInterrupt:
+            self._stop(study, list(running.values()), sweep_dir)
+            raise
+        waiting = self._detached(study, running, sweep_dir)
+        if waiting:
+            print(f"[search] {waiting} trial(s) still in flight elsewhere; the next invocation settles them", flush=True)
+
+    def _start_next(
+        self, study: optuna.Study, space: dict[str, BaseDistribution], fixed: list[str], sweep_dir: Path, running: dict[int, RunningTrial]
+    ) -> None:
+        """Ask a trial; refuse it (told failed) or start it."""
+        trial = study.ask(space)
+        overrides = [*fixed, *(f"{key}={_format(value)}" for key, value in trial.params.items())]
+        job = self._check(trial.number, overrides, sweep_dir)
+        if self.n_concurrent > 1 and job.prepared is not None and _unpacked(job):
+            # concurrent local trials share this machine's devices: a slice each
+            share = max(1, job.prepared.device.count // self.n_concurrent)
+            fixed.append(f"launcher.devices_per_job={share}")
+            overrides.append(fixed[-1])
+            job = self._check(trial.number, overrides, sweep_dir)
+        if job.invalid or (job.prepared is not None and job.prepared.cfg.mode != Mode.train):
+            self._refuse(study, trial, job, sweep_dir)
+            return
+        run_dir = Path(job.prepared.cfg.output_dir).resolve()
+        # how the job finds its trial (the same overrides for every trial: nothing more "swept")
+        trial.set_user_attr(RUN_DIR_ATTR, str(run_dir))
+        print(
+            f"[search] trial {trial.number}/{self.n_trials}: {' '.join(f'{k}={_format(v)}' for k, v in trial.params.items())}",
+            flush=True,
+        )
+        started = RunningTrial(trial.number, run_dir, job.launcher)
+        running[trial.number] = started
+        if self.n_concurrent > 1 or not job.launcher.ranks_here:  # Ctrl-C then stops its process, and cancels its job
+            started.process = start_job(trial.number, overrides, self.hydra_context, self.config, self.launcher.task_function)
+        else:
+            self._launch([(trial.number, overrides)])
+
+    def _finish(self, study: optuna.Study, trial: RunningTrial, sweep_dir: Path) -> None:
+        """A trial whose job ended here (or was submitted elsewhere): told its outcome."""
+        record = _jobs(sweep_dir).get(trial.number)
+        if record and record.get("status") in IN_FLIGHT_STATUSES:
+            # a launcher that waits for its jobs: their outcome first; a process that died: died
+            record = settle_jobs([record], wait=trial.launcher.waits_for_jobs)[0]
+        if trial.process is not None and record is None:
+            print(
+                f"[search] trial {trial.number}: its process ended ({trial.process.process.returncode}) before it recorded anything",
+                flush=True,
+            )
+        self._tell(study, trial.number, record)
+
+    def _stop(self, study: optuna.Study, trials: list[RunningTrial], sweep_dir: Path) -> None:
+        """Ctrl-C: every trial in flight stopped (its jobs elsewhere cancelled, its processes
+        interrupted), then told how it ended, so that a rerun finds each trial once, settled."""
+        if not trials:
+            return
+        print(f"\n[search] interrupted: stopping {len(trials)} trial(s) in flight", flush=True)
+        for trial in trials:
+            trial.launcher.stop([trial.run_dir])
+        stop_jobs([trial.process for trial in trials if trial.process is not None])
+        for trial in trials:
+            self._finish(study, trial, sweep_dir)
+        print(f"[search] stopped; rerun the command with hydra.sweep.dir={sweep_dir} to go on: {_counts(study)}", flush=True)
+
+    @staticmethod
+    def _detached(study: optuna.Study, running: dict[int, RunningTrial], sweep_dir: Path) -> int:
+        """Trials of this sweep still in flight elsewhere that no process here follows (Slurm jobs
+        submitted with ``launcher.wait=false``): they hold places of ``n_concurrent``."""
+        numbers = [
+            t.number
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if t.number not in running and _in(sweep_dir, t.user_attrs.get(RUN_DIR_ATTR))
+        ]
+        if not numbers:
+            return 0
+        jobs = _jobs(sweep_dir)
+        return sum(1 for n in numbers if (jobs.get(n) or {}).get("status") in IN_FLIGHT_STATUSES)
+
     def _refuse(self, study: optuna.Study, trial: optuna.trial.Trial, job: JobCheck, sweep_dir: Path) -> None:
         """A trial whose sampled config is invalid: told failed, recorded as skipped, not started."""
         problem = job.problem or ConfigError("mode", "a search trains: mode=train")
@@ -195,26 +322,61 @@ class SearchSweeper(CheckedSweeper):
 
     @staticmethod
     def _tell(study: optuna.Study, number: int, record: dict[str, Any] | None) -> None:
-        """Tell the study a trial's outcome from its job record (in flight elsewhere: nothing)."""
-        status = (record or {}).get("status")
-        value = ((record or {}).get("final") or {}).get("val_loss")
+        """Tell the study a trial's outcome from its job record (in flight elsewhere: nothing),
+        with the wall times its job recorded (``started``, ``ended``)."""
+        record = record or {}
+        status = record.get("status")
+        value = (record.get("final") or {}).get("val_loss")
         if status in IN_FLIGHT_STATUSES:
             return
+        trial = optuna.trial.Trial(study, study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
+        for key in WALL_TIME_ATTRS:
+            if record.get(key) is not None:
+                trial.set_user_attr(key, float(record[key]))
         if status == "completed" and value is not None:
             study.tell(number, float(value))
         elif status == "pruned":
             study.tell(number, state=TrialState.PRUNED)
         else:
-            study.tell(number, state=TrialState.FAIL)  # failed, interrupted, skipped, no val_loss, never started
+            study.tell(number, state=TrialState.FAIL)  # failed, interrupted, died, skipped, no val_loss, never started
 
     def _settle(self, study: optuna.Study, sweep_dir: Path) -> None:
-        """Trials an earlier invocation left running: told what their job records say."""
-        running = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+        """Trials of this sweep an earlier invocation left running: told what their job records say
+        (a trial of another sweep sharing the study is its own sweep's business)."""
+        running = [
+            t.number
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if t.user_attrs.get(RUN_DIR_ATTR) is None or _in(sweep_dir, t.user_attrs[RUN_DIR_ATTR])
+        ]
         if not running:
             return
         jobs = {int(j["num"]): j for j in settle_jobs(collect_jobs(sweep_dir)) if j.get("num") is not None}
         for number in running:
             self._tell(study, number, jobs.get(number))
+
+
+def _open_study(storage: str, name: str, direction: str, sampler: Any, pruner: Any) -> tuple[optuna.Study, bool]:
+    """The study (created, or loaded where it exists) and whether it existed."""
+    try:
+        opened = study_storage(storage)
+        resumed = name in optuna.get_all_study_names(opened)
+        study = optuna.create_study(
+            study_name=name, storage=opened, direction=direction, sampler=sampler, pruner=pruner, load_if_exists=True
+        )
+    except Exception as exc:  # noqa: BLE001 - a driver missing, a server not reached, a file not writable
+        raise ConfigError(
+            "hydra.sweeper.storage", f"Optuna cannot open the study's storage {storage}: {scrub(redact_url(str(exc)))[:500]}"
+        ) from None
+    return study, resumed
+
+
+def _unpacked(job: JobCheck) -> bool:
+    """A trial whose ranks run here without a device slice of its own (``launcher.devices_per_job=0``)."""
+    return job.launcher is not None and job.launcher.ranks_here and getattr(job.launcher.config, "devices_per_job", None) == 0
+
+
+def _in(sweep_dir: Path, run_dir: str | None) -> bool:
+    return run_dir is not None and Path(sweep_dir) in Path(run_dir).parents
 
 
 def _plain(node: Any) -> dict[str, Any]:
