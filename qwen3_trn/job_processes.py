@@ -62,16 +62,6 @@ def start_job(num: int, overrides: Sequence[str], hydra_context: Any, config: An
     return JobProcess(num, process)
 
 
-def wait_first(jobs: Iterable[JobProcess], poll_s: float = 0.2) -> list[JobProcess]:
-    """Block until at least one of ``jobs`` ended; those that have."""
-    jobs = list(jobs)
-    while True:
-        ended = [job for job in jobs if job.ended]
-        if ended or not jobs:
-            return ended
-        time.sleep(poll_s)
-
-
 def _signal_group(job: JobProcess, signum: int) -> None:
     try:
         os.killpg(job.process.pid, signum)
@@ -122,4 +112,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["JobProcess", "start_job", "stop_jobs", "wait_first"]
+__all__ = ["JobProcess", "start_job", "stop_jobs"]

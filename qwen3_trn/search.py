@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ from optuna.trial import TrialState
 from qwen3_trn.config.overrides import SEEDS_KEY
 from qwen3_trn.config.schema import Mode
 from qwen3_trn.errors import ConfigError
-from qwen3_trn.job_processes import JobProcess, start_job, stop_jobs, wait_first
+from qwen3_trn.job_processes import JobProcess, start_job, stop_jobs
 from qwen3_trn.launch import Launcher, launcher_of
 from qwen3_trn.records import IN_FLIGHT_STATUSES, scrub_hydra_files
 from qwen3_trn.redact import redact_argv, redact_overrides, redact_url, remember, scrub
@@ -66,6 +67,8 @@ STORAGE_FILE = "optuna.db"
 # The default storage where the trials run on other machines (launcher=slurm): Optuna's journal
 # in the shared sweep directory.
 JOURNAL_FILE = "optuna.journal"
+# How often a trial's job elsewhere is looked at while it is followed.
+FOLLOW_POLL_S = 3.0
 # The trial's user attributes with its job's wall-clock start and end (seconds since the epoch).
 WALL_TIME_ATTRS = ("started", "ended")
 # The overrides that tell a job which study it is a trial of (qwen3_trn.config.schema.TrialConfig);
@@ -119,12 +122,26 @@ def _quoted(value: str) -> str:
 
 @dataclass
 class RunningTrial:
-    """A trial this invocation started and has not told yet."""
+    """A trial this invocation follows and has not told yet."""
 
     number: int
     run_dir: Path
     launcher: Launcher
-    process: JobProcess | None = None  # None: it ran in this process (n_concurrent=1, ranks here)
+    process: JobProcess | None = None  # its job's process here; None: it ran in this process, or is followed
+    # a job elsewhere that an earlier invocation submitted (launcher.wait=false), followed here to its end
+    followed: bool = False
+    _next_look: float = 0.0
+
+    def ended(self) -> bool:
+        if self.process is not None:
+            return self.process.ended
+        if not self.followed:
+            return True
+        if time.monotonic() < self._next_look:
+            return False
+        self._next_look = time.monotonic() + FOLLOW_POLL_S
+        summaries = self.launcher.refresh([self.run_dir])
+        return not summaries or summaries[0].get("status") not in IN_FLIGHT_STATUSES
 
 
 class SearchSweeper(CheckedSweeper):
@@ -165,6 +182,7 @@ class SearchSweeper(CheckedSweeper):
             if sweep_seeds(self.config) > 1:
                 raise ConfigError(SEEDS_KEY, "a search runs each trial once; leave sweep.seeds out (grid sweeps replicate their jobs).")
             sampler, pruner = make_sampler(self.sampler_spec), make_pruner(self.pruner_spec)
+            self.sweep_launcher = launcher_of(self.config.get("launcher"))
             storage = self._storage_spec(sweep_dir)
             name = self.study_name or "search"
             sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -206,7 +224,7 @@ class SearchSweeper(CheckedSweeper):
         if self.storage:
             spec, password = without_password(str(self.storage))
         else:
-            elsewhere = not launcher_of(self.config.get("launcher")).ranks_here
+            elsewhere = not self.sweep_launcher.ranks_here
             spec, password = str(sweep_dir / JOURNAL_FILE) if elsewhere else f"sqlite:///{sweep_dir / STORAGE_FILE}", None
         if password is not None:
             os.environ[STORAGE_PASSWORD_ENV] = password
@@ -224,16 +242,15 @@ class SearchSweeper(CheckedSweeper):
     def _run_trials(self, study: optuna.Study, space: dict[str, BaseDistribution], fixed: list[str], sweep_dir: Path) -> None:
         """Up to ``n_concurrent`` trials in flight, a new one asked as soon as one ends, until the
         study has ``n_trials``; Ctrl-C stops those in flight and tells the study their end."""
-        running: dict[int, RunningTrial] = {}
+        running = self._follow_earlier(study, sweep_dir)
         try:
             while True:
                 while len(study.trials) < self.n_trials and len(running) + self._detached(study, running, sweep_dir) < self.n_concurrent:
                     self._start_next(study, space, fixed, sweep_dir, running)
-                concurrent = [trial.process for trial in running.values() if trial.process is not None]
-                ended = {p.num for p in wait_first(concurrent)} | {n for n, t in running.items() if t.process is None}
+                ended = _wait_first(running)
                 if not ended:
                     break
-                for number in sorted(ended):
+                for number in ended:
                     self._finish(study, running.pop(number), sweep_dir)
         except KeyboardInterrupt:
             self._stop(study, list(running.values()), sweep_dir)
@@ -298,6 +315,22 @@ class SearchSweeper(CheckedSweeper):
             self._finish(study, trial, sweep_dir)
         print(f"[search] stopped; rerun the command with hydra.sweep.dir={sweep_dir} to go on: {_counts(study)}", flush=True)
 
+    def _follow_earlier(self, study: optuna.Study, sweep_dir: Path) -> dict[int, RunningTrial]:
+        """Trials an earlier invocation submitted elsewhere and left in flight, followed to their
+        end here where the launcher now waits for its jobs (``launcher.wait=true``)."""
+        if not self.sweep_launcher.waits_for_jobs:
+            return {}
+        jobs, followed = _jobs(sweep_dir), {}
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            record = jobs.get(t.number) or {}
+            if _in(sweep_dir, t.user_attrs.get(RUN_DIR_ATTR)) and record.get("status") in IN_FLIGHT_STATUSES:
+                followed[t.number] = RunningTrial(t.number, Path(t.user_attrs[RUN_DIR_ATTR]), self.sweep_launcher, followed=True)
+                print(
+                    f"[search] trial {t.number}: following its {(record.get('job') or {}).get('label', 'job')}, submitted earlier",
+                    flush=True,
+                )
+        return followed
+
     @staticmethod
     def _detached(study: optuna.Study, running: dict[int, RunningTrial], sweep_dir: Path) -> int:
         """Trials of this sweep still in flight elsewhere that no process here follows (Slurm jobs
@@ -353,6 +386,16 @@ class SearchSweeper(CheckedSweeper):
         jobs = {int(j["num"]): j for j in settle_jobs(collect_jobs(sweep_dir)) if j.get("num") is not None}
         for number in running:
             self._tell(study, number, jobs.get(number))
+
+
+def _wait_first(running: dict[int, RunningTrial], poll_s: float = 0.2) -> list[int]:
+    """Block until a trial of ``running`` ended (none when nothing runs); the numbers of those that have."""
+    while running:
+        ended = [number for number, trial in running.items() if trial.ended()]
+        if ended:
+            return ended
+        time.sleep(poll_s)
+    return []
 
 
 def _open_study(storage: str, name: str, direction: str, sampler: Any, pruner: Any) -> tuple[optuna.Study, bool]:
