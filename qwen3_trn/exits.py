@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from qwen3_trn.config.composition import composition_error
 from qwen3_trn.errors import ConfigError, RunInterrupted, describe_error
 from qwen3_trn.records import TRACEBACK_ENV
+from qwen3_trn.redact import redact_url, scrub
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_DONE", "EXIT_FAILED", "EXIT_INTERRUPTED", "exit_status", "imports_of_entry_point"]
 
@@ -41,7 +42,7 @@ def _is_composition_error(exc: BaseException) -> bool:
 
 def _report(message: str, status: int) -> None:
     hint = f"\n(set {TRACEBACK_ENV}=1 for a traceback)" if status == EXIT_BAD_INPUT else ""
-    print(f"error: {message}{hint}", file=sys.stderr, flush=True)
+    print(f"error: {scrub(redact_url(message))}{hint}", file=sys.stderr, flush=True)  # an override may hold a secret
     sys.exit(status)
 
 

@@ -18,7 +18,7 @@ import optuna
 from optuna.storages import BaseStorage, JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.records import RunStatus
@@ -79,7 +79,8 @@ def without_password(spec: str) -> tuple[str, str | None]:
     url = make_url(str(spec))
     if url.password is None:
         return str(spec), None
-    return url.set(password=None).render_as_string(hide_password=False), str(url.password)
+    public = URL.create(url.drivername, username=url.username, host=url.host, port=url.port, database=url.database, query=url.query)
+    return public.render_as_string(hide_password=False), str(url.password)
 
 
 def study_storage(spec: str) -> str | BaseStorage:
