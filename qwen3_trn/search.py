@@ -17,12 +17,38 @@ validation loss (``val_loss`` of the run's summary; ``direction: maximize`` is a
   hyperband|threshold|none, ...Optuna's arguments}``) is stored with the study; each trial's metrics
   rank reports every validation loss to its trial and stops the run when the pruner says so
   (``qwen3_trn.trials``): status ``pruned`` in its summary, job.json and the manifest.
-- **Storage and resume.** The study lives in ``<sweep dir>/optuna.db`` (SQLite; or
-  ``hydra.sweeper.storage``). Rerunning the command with ``hydra.sweep.dir=<that dir>`` loads
-  it: trials that were running when the earlier invocation stopped are settled from their job
-  records (one whose process was killed hard reads as died: told failed), and only the trials still missing up to ``n_trials`` run (every trial counts,
-  failed ones included). With ``launcher=slurm`` a trial whose job is still queued or running
-  stays running in the study and is settled by the next invocation.
+- **Concurrent trials.** ``hydra.sweeper.n_concurrent`` (default 1) trials are in flight at
+  once; a new one is asked the moment one ends (completed, pruned, failed), never at a batch's
+  end. With more than one, or with ranks on other machines (``launcher=slurm``), each trial's job
+  runs in a process of its own (``qwen3_trn.job_processes``: Hydra's job in a child process,
+  whatever ``hydra/launcher``); one local trial at a time runs in this process, as any sweep job.
+  Concurrent local trials share the machine's devices through packing: each claims
+  ``launcher.devices_per_job`` devices (set to devices / ``n_concurrent`` where it is 0). With
+  ``launcher=slurm`` they are N Slurm jobs in flight, each followed to its end
+  (``launcher.wait=true``); with ``launcher.wait=false`` the command submits up to N (counting
+  those an earlier invocation left in flight) and returns, and the next invocation settles them
+  and goes on (with ``launcher.wait=true`` it follows them to their end).
+- **Storage.** Local trials: SQLite in ``<sweep dir>/optuna.db``. Ranks on other machines
+  (``launcher=slurm``): Optuna's journal file ``<sweep dir>/optuna.journal`` on the shared
+  filesystem (file locks, no server). ``hydra.sweeper.storage`` names another: a database URL
+  (``'mysql+pymysql://user:password@host/db'``, ``postgresql://...``: many workers at once), or a
+  journal file's path. The trials open the same storage (``sweep.trial.storage``: the URL without
+  its password). A URL's password is taken out of it at the start: the trials get it in their
+  environment (``QWEN3_TRN_STORAGE_PASSWORD``, which Slurm passes on to the job), and it is
+  redacted wherever the URL is written or printed (``qwen3_trn.redact``); a URL given without a
+  password takes it from that variable.
+- **Resume.** Rerunning the command with ``hydra.sweep.dir=<that dir>`` loads the study: trials
+  this sweep's earlier invocation left running are settled from their job records (one whose
+  process was killed hard or whose node was lost reads as died: told failed), and only the trials
+  still missing up to ``n_trials`` run (every trial counts, failed ones included). A trial whose job
+  is still queued or running on Slurm stays running in the study and is settled later.
+- **Ctrl-C** stops every trial in flight (local: their process groups, interrupted, killed after
+  30 s; Slurm: ``scancel``) and tells the study each one's end (interrupted: failed) before the
+  command exits 130; a rerun goes on from there with every trial in the study once.
+- **Wall times.** Each trial's user attributes ``started`` and ``ended`` are its job's wall-clock
+  start and end (job.json); Optuna's ``datetime_start``/``datetime_complete`` are when it was asked
+  and told, which with concurrent trials includes each job's process start and the wait for its
+  turn to be told.
 - **Reports.** ``<sweep dir>/search.html`` / ``search.md`` and ``best.yaml``
   (``qwen3_trn.report.search``); the storage opens in ``optuna-dashboard``.
 """

@@ -19,6 +19,8 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from tests.conftest import REPO, chromium, cli_env, command_in_process, needs_chromium, read_metrics, read_summary, run_cli
@@ -266,7 +268,7 @@ def test_a_two_rank_trial_is_pruned_on_every_rank(tmp_path):
 
 def test_a_search_on_slurm_prunes_its_trial_on_the_node(slurm_cluster, tmp_path):
     """launcher=slurm launcher.wait=true: each trial is a Slurm job; its ranks report to the
-    study's SQLite storage from the node, the pruner stops it there, and the search learns its
+    study's journal in the sweep directory from the node, the pruner stops it there, and the search learns its
     outcome before asking the next trial."""
     sweep_dir = tmp_path / "sweep"
     args = [
@@ -283,7 +285,8 @@ def test_a_search_on_slurm_prunes_its_trial_on_the_node(slurm_cluster, tmp_path)
     ]
     result = run_cli(args, timeout=600, env=slurm_cluster.env)
     assert result.returncode == 0, _explain(result)
-    assert [t.state for t in load_study(sweep_dir).trials] == [TrialState.PRUNED]
+    journal = JournalStorage(JournalFileBackend(str(sweep_dir / "optuna.journal")))  # on Slurm: the journal by default
+    assert [t.state for t in optuna.load_study(study_name=STUDY, storage=journal).trials] == [TrialState.PRUNED]
     job = jobs_by_num(sweep_dir)[0]
     assert job["status"] == "pruned" and job["job"]["id"], job
     assert [r["step"] for r in read_metrics(Path(job["run_dir"]))] == [1, 2]
@@ -343,6 +346,39 @@ def _gone(pid: int) -> bool:
     return False
 
 
+def _start_search(args: list[str], log: Path) -> subprocess.Popen:
+    with log.open("w") as out:
+        return subprocess.Popen([sys.executable, "-m", "qwen3_trn", *args], cwd=REPO, env=cli_env(), stdout=out, stderr=subprocess.STDOUT)
+
+
+def _training(sweep_dir: Path, num: int) -> bool:
+    metrics = sweep_dir / str(num) / "metrics.jsonl"
+    return metrics.is_file() and bool(metrics.read_text().strip())
+
+
+def test_a_trial_whose_process_is_lost_reads_as_failed_and_the_search_goes_on(tmp_path):
+    """SIGKILL to one of two concurrent trials while it trains: nothing of it records an end; the
+    search reads it as died, tells it failed, and asks the next trial while the other still runs."""
+    sweep_dir = tmp_path / "sweep"
+    log = tmp_path / "search.log"
+    search = _start_search(
+        [*CONCURRENT, "training.steps=100", "validation.interval=50", "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep_dir}"], log
+    )
+    try:
+        _wait_for(lambda: _training(sweep_dir, 0) and _training(sweep_dir, 1), 300, "two trials training", search, log)
+        os.killpg(read_summary(sweep_dir / "0")["process"]["pid"], signal.SIGKILL)
+        search.wait(timeout=600)
+    finally:
+        if search.poll() is None:
+            search.kill()
+    trials = load_study(sweep_dir).trials
+    assert [t.number for t in trials] == [0, 1, 2], log.read_text()[-4000:]
+    assert trials[0].state == TrialState.FAIL and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials[1:])
+    jobs = jobs_by_num(sweep_dir)
+    assert jobs[0]["status"] == "died" and read_summary(sweep_dir / "0")["status"] == "died", jobs[0]
+    assert search.returncode == 1 and "0 of 3 jobs failed, 1 died" in log.read_text(), log.read_text()[-4000:]
+
+
 def test_ctrl_c_stops_a_concurrent_search_and_a_rerun_goes_on(tmp_path):
     """SIGINT to the search command while two trials train: both are interrupted (their process
     groups stopped, nothing left running) and told failed; the same command again resumes the
@@ -350,15 +386,9 @@ def test_ctrl_c_stops_a_concurrent_search_and_a_rerun_goes_on(tmp_path):
     sweep_dir = tmp_path / "sweep"
     args = [*CONCURRENT, "training.steps=100", "validation.interval=50", "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep_dir}"]
     log = tmp_path / "search.log"
-    with log.open("w") as out:
-        search = subprocess.Popen([sys.executable, "-m", "qwen3_trn", *args], cwd=REPO, env=cli_env(), stdout=out, stderr=subprocess.STDOUT)
+    search = _start_search(args, log)
     try:
-
-        def training(num: int) -> bool:
-            metrics = sweep_dir / str(num) / "metrics.jsonl"
-            return metrics.is_file() and bool(metrics.read_text().strip())
-
-        _wait_for(lambda: training(0) and training(1), 300, "two trials training", search, log)
+        _wait_for(lambda: _training(sweep_dir, 0) and _training(sweep_dir, 1), 300, "two trials training", search, log)
         search.send_signal(signal.SIGINT)
         assert search.wait(timeout=120) == 130, log.read_text()[-4000:]
     finally:
