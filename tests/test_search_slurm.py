@@ -45,7 +45,6 @@ SEARCH = [
     "validation.steps=1",
     "launcher=slurm",
     "launcher.partition=cpu",
-    "launcher.wait=true",
     "hydra.sweeper.n_concurrent=2",
     "hydra.sweeper.pruner.name=threshold",
     "+hydra.sweeper.pruner.upper=1.0",
@@ -87,28 +86,33 @@ def _jobs(sweep_dir: Path) -> dict[int, dict]:
     return {job["num"]: job for job in json.loads((sweep_dir / "manifest.json").read_text())["jobs"]}
 
 
-def _search_twice(cluster: SlurmCluster, sweep_dir: Path, storage: Callable[[], Any], *extra: str) -> list[subprocess.CompletedProcess]:
-    """Two trials at once, then the same command with three: the study resumed, every trial in it
-    once, each pruned on a compute host in its own Slurm job. ``storage()`` opens the study's storage."""
-    first = _search(cluster, sweep_dir, 2, *extra)
-    study = optuna.load_study(study_name=STUDY, storage=storage())
-    assert [(t.number, t.state) for t in study.trials] == [(0, TrialState.PRUNED), (1, TrialState.PRUNED)], _explain(first)
-    # both trials in flight at once: the second asked before the first was told its end (whether
-    # Slurm ran the two jobs at the same time is the cluster's business)
-    first_told = min(t.datetime_complete for t in study.trials)
-    assert all(t.datetime_start < first_told for t in study.trials), [(t.datetime_start, t.datetime_complete) for t in study.trials]
-
-    second = _search(cluster, sweep_dir, 3, *extra)
-    assert f"study {STUDY} resumed" in second.stdout and second.stdout.count("[search] trial ") == 1, _explain(second)
-    trials = optuna.load_study(study_name=STUDY, storage=storage()).trials
-    assert [(t.number, t.state) for t in trials] == [(n, TrialState.PRUNED) for n in range(3)]
+def _every_trial_pruned_once(cluster: SlurmCluster, sweep_dir: Path, storage: Any, n_trials: int) -> None:
+    """Every trial of the study once, pruned at step 2 on a compute host in a Slurm job of its own."""
+    trials = optuna.load_study(study_name=STUDY, storage=storage).trials
+    assert [(t.number, t.state) for t in trials] == [(n, TrialState.PRUNED) for n in range(n_trials)]
     jobs = _jobs(sweep_dir)
-    assert sorted(jobs) == [0, 1, 2] and len({job["job"]["id"] for job in jobs.values()}) == 3
+    assert sorted(jobs) == list(range(n_trials)) and len({job["job"]["id"] for job in jobs.values()}) == n_trials
     for num, job in jobs.items():
         summary = read_summary(Path(job["run_dir"]))
         assert job["status"] == summary["status"] == "pruned" and summary["pruned"]["step"] == 2, summary
         assert set(summary["job"]["hostnames"]) <= set(cluster.nodes), summary["job"]
         assert trials[num].user_attrs["started"] == job["started"]
+
+
+def _search_twice(cluster: SlurmCluster, sweep_dir: Path, storage: Callable[[], Any], *extra: str) -> list[subprocess.CompletedProcess]:
+    """Two trials at once, then the same command with three: the study resumed, every trial in it
+    once. ``storage()`` opens the study's storage."""
+    first = _search(cluster, sweep_dir, 2, "launcher.wait=true", *extra)
+    _every_trial_pruned_once(cluster, sweep_dir, storage(), 2)
+    # both trials in flight at once: the second asked before the first was told its end (whether
+    # Slurm ran the two jobs at the same time is the cluster's business)
+    trials = optuna.load_study(study_name=STUDY, storage=storage()).trials
+    first_told = min(t.datetime_complete for t in trials)
+    assert all(t.datetime_start < first_told for t in trials), [(t.datetime_start, t.datetime_complete) for t in trials]
+
+    second = _search(cluster, sweep_dir, 3, "launcher.wait=true", *extra)
+    assert f"study {STUDY} resumed" in second.stdout and second.stdout.count("[search] trial ") == 1, _explain(second)
+    _every_trial_pruned_once(cluster, sweep_dir, storage(), 3)
     return [first, second]
 
 
@@ -129,8 +133,23 @@ def test_a_concurrent_search_on_slurm_keeps_its_study_in_a_mariadb_server(two_ho
 
 
 def test_a_concurrent_search_on_slurm_keeps_its_study_in_a_journal_by_default(two_host_cluster, tmp_path):
+    """launcher.wait=false: the command submits two trials and returns; the same command with
+    launcher.wait=true and three trials settles those two (or follows them to their end) and runs the third. The
+    study is in the journal file of the sweep directory, which the compute hosts share."""
     sweep_dir = tmp_path / "sweep"
     journal = sweep_dir / "optuna.journal"
-    _search_twice(two_host_cluster, sweep_dir, lambda: JournalStorage(JournalFileBackend(str(journal))))
-    assert journal.is_file() and not (sweep_dir / "optuna.db").exists()
-    assert os.path.getsize(journal) > 0
+
+    def storage() -> JournalStorage:
+        return JournalStorage(JournalFileBackend(str(journal)))
+
+    first = _search(two_host_cluster, sweep_dir, 3, "launcher.wait=false")
+    trials = optuna.load_study(study_name=STUDY, storage=storage()).trials
+    assert [(t.number, t.state) for t in trials] == [(0, TrialState.RUNNING), (1, TrialState.RUNNING)], _explain(first)
+    assert "2 trial(s) still in flight elsewhere" in first.stdout, _explain(first)
+
+    second = _search(two_host_cluster, sweep_dir, 3, "launcher.wait=true")
+    assert f"study {STUDY} resumed" in second.stdout, _explain(second)
+    # the two earlier trials settled (ended by now) or followed to their end (still in flight); only the third started
+    assert "[search] trial 0/3:" not in second.stdout and second.stdout.count("[search] trial 2/3:") == 1, _explain(second)
+    _every_trial_pruned_once(two_host_cluster, sweep_dir, storage(), 3)
+    assert not (sweep_dir / "optuna.db").exists() and os.path.getsize(journal) > 0
