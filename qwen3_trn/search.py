@@ -277,7 +277,8 @@ class SearchSweeper(CheckedSweeper):
                 if not ended:
                     break
                 for number in ended:
-                    self._finish(study, running.pop(number), sweep_dir)
+                    if self._finish(study, running[number], sweep_dir):
+                        del running[number]
         except KeyboardInterrupt:
             self._stop(study, list(running.values()), sweep_dir)
             raise
@@ -315,18 +316,23 @@ class SearchSweeper(CheckedSweeper):
         else:
             self._launch([(trial.number, overrides)])
 
-    def _finish(self, study: optuna.Study, trial: RunningTrial, sweep_dir: Path) -> None:
-        """A trial whose job ended here (or was submitted elsewhere): told its outcome."""
+    def _finish(self, study: optuna.Study, trial: RunningTrial, sweep_dir: Path, stopping: bool = False) -> bool:
+        """A trial whose job ended here, or was submitted elsewhere: told its outcome (True), or
+        followed on to its end where its launcher waits for its jobs (False). ``stopping``: its
+        job was stopped; wait for the end."""
         record = _jobs(sweep_dir).get(trial.number)
-        if record and record.get("status") in IN_FLIGHT_STATUSES:
-            # a launcher that waits for its jobs: their outcome first; a process that died: died
-            record = settle_jobs([record], wait=trial.launcher.waits_for_jobs)[0]
+        if record and record.get("status") in IN_FLIGHT_STATUSES:  # a process that died reads as died here
+            record = settle_jobs([record], wait=stopping and trial.launcher.waits_for_jobs)[0]
+        if record and record.get("status") in IN_FLIGHT_STATUSES and trial.launcher.waits_for_jobs and not stopping:
+            trial.process, trial.followed = None, True
+            return False
         if trial.process is not None and record is None:
             print(
                 f"[search] trial {trial.number}: its process ended ({trial.process.process.returncode}) before it recorded anything",
                 flush=True,
             )
         self._tell(study, trial.number, record)
+        return True
 
     def _stop(self, study: optuna.Study, trials: list[RunningTrial], sweep_dir: Path) -> None:
         """Ctrl-C: every trial in flight stopped (its jobs elsewhere cancelled, its processes
@@ -334,11 +340,11 @@ class SearchSweeper(CheckedSweeper):
         if not trials:
             return
         print(f"\n[search] interrupted: stopping {len(trials)} trial(s) in flight", flush=True)
-        for trial in trials:
-            trial.launcher.stop([trial.run_dir])
         stop_jobs([trial.process for trial in trials if trial.process is not None])
+        for trial in trials:  # after their processes: a job one submitted as it stopped is cancelled too
+            trial.launcher.stop([trial.run_dir])
         for trial in trials:
-            self._finish(study, trial, sweep_dir)
+            self._finish(study, trial, sweep_dir, stopping=True)
         print(f"[search] stopped; rerun the command with hydra.sweep.dir={sweep_dir} to go on: {_counts(study)}", flush=True)
 
     def _follow_earlier(self, study: optuna.Study, sweep_dir: Path) -> dict[int, RunningTrial]:
@@ -388,7 +394,10 @@ class SearchSweeper(CheckedSweeper):
         value = (record.get("final") or {}).get("val_loss")
         if status in IN_FLIGHT_STATUSES:
             return
-        trial = optuna.trial.Trial(study, study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
+        trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+        if study._storage.get_trial(trial_id).state != TrialState.RUNNING:
+            return  # told already (once only)
+        trial = optuna.trial.Trial(study, trial_id)
         for key in WALL_TIME_ATTRS:
             if record.get(key) is not None:
                 trial.set_user_attr(key, float(record[key]))
