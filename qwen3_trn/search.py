@@ -21,7 +21,8 @@ validation loss (``val_loss`` of the run's summary; ``direction: maximize`` is a
   once; a new one is asked the moment one ends (completed, pruned, failed), never at a batch's
   end. With more than one, or with ranks on other machines (``launcher=slurm``), each trial's job
   runs in a process of its own (``qwen3_trn.job_processes``: Hydra's job in a child process,
-  whatever ``hydra/launcher``); one local trial at a time runs in this process, as any sweep job.
+  whatever ``hydra/launcher``; for Slurm that process submits the job, which is then followed by
+  its state); one local trial at a time runs in this process, as any sweep job.
   Concurrent local trials share the machine's devices through packing: each claims
   ``launcher.devices_per_job`` devices (set to devices / ``n_concurrent`` where it is 0). With
   ``launcher=slurm`` they are N Slurm jobs in flight, each followed to its end
@@ -154,7 +155,8 @@ class RunningTrial:
     run_dir: Path
     launcher: Launcher
     process: JobProcess | None = None  # its job's process here; None: it ran in this process, or is followed
-    # a job elsewhere that an earlier invocation submitted (launcher.wait=false), followed here to its end
+    # its run is a job elsewhere (a Slurm job its process submitted, or an earlier invocation did),
+    # followed through its launcher's ``refresh`` to its end
     followed: bool = False
     _next_look: float = 0.0
 
