@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
@@ -54,12 +55,17 @@ def start_job(num: int, overrides: Sequence[str], hydra_context: Any, config: An
         }
     )
     process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, start_new_session=True)
-    try:
-        process.stdin.write(payload)
-        process.stdin.close()
-    except BrokenPipeError:  # the child is gone already: its exit status says so
-        pass
+    # more than a pipe holds: fed while the child starts, so that the sweep goes on meanwhile
+    threading.Thread(target=_feed, args=(process.stdin, payload), daemon=True).start()
     return JobProcess(num, process)
+
+
+def _feed(pipe: Any, payload: bytes) -> None:
+    try:
+        pipe.write(payload)
+        pipe.close()
+    except (BrokenPipeError, ValueError):  # the child is gone already: its exit status says so
+        pass
 
 
 def _signal_group(job: JobProcess, signum: int) -> None:
