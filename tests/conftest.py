@@ -72,6 +72,8 @@ SHARED_SCOPES = {
     "tests/test_training.py": "docs",
     # the two-agent run on loopback (``loopback_2x2_run``), also the one-host reference of the 2x2 two-host job
     "tests/test_multinode.py": "tests/test_two_host.py",
+    # searches on the two-host cluster: the same cluster, started once
+    "tests/test_search_slurm.py": "tests/test_two_host.py",
 }
 # The longest groups, one job after another on a cluster, start first rather than last, and
 # apart: while one worker's tests wait on the single-node cluster's jobs, the other trains on
@@ -85,6 +87,8 @@ class SharedRunScheduling(LoadFileScheduling):
 
     def _split_scope(self, nodeid: str) -> str:
         path, _, name = nodeid.partition("::")
+        if path in SHARED_SCOPES:
+            return SHARED_SCOPES[path]
         if "slurm" in path or "slurm" in name:
             return "slurm"
         return SHARED_SCOPES.get(path, path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import secrets
 import sys
 import types
 import typing
@@ -138,12 +139,13 @@ def test_existing_run_directory_is_never_overwritten(tmp_path):
     "args,named",
     [
         (["hparams_search=tiny_lr", "hydra.sweeper.n_trials=0"], ["hydra.sweeper.n_trials: must be >= 1, got 0"]),
+        (["hparams_search=tiny_lr", "hydra.sweeper.n_concurrent=0"], ["hydra.sweeper.n_concurrent: must be >= 1, got 0"]),
         (
             ["-m", "training.seed=1,2", "hydra.sweeper.max_batch_size=0", "training.steps=0"],
             ["hydra.sweeper.max_batch_size: must be >= 1, got 0; valid: >= 1."],
         ),
     ],
-    ids=["search-trials", "sweep-batch-size"],
+    ids=["search-trials", "search-concurrent", "sweep-batch-size"],
 )
 def test_the_sweepers_counts_and_sizes_are_ranged(args, named, tmp_path):
     """The sweepers' own keys (their schemas: ``config.store``) are ranged like a run's: exit 2
@@ -154,6 +156,23 @@ def test_the_sweepers_counts_and_sizes_are_ranged(args, named, tmp_path):
     for needle in named:
         assert needle in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert not sweep_dir.exists()
+
+
+def test_a_study_storage_password_is_never_printed_nor_written(tmp_path):
+    """A database URL Hydra cannot parse (unquoted ``=``), and one whose server is not there: exit
+    2 naming hydra.sweeper.storage, the password redacted from what is printed and written."""
+    password = f"pw-{secrets.token_hex(8)}"
+    url = f"mysql+pymysql://optuna:{password}@127.0.0.1:1/optuna"
+    unquoted = command_in_process(
+        ["hparams_search=tiny_lr", f"hydra.sweeper.storage={url}?charset=utf8", f"hydra.sweep.dir={tmp_path / 'a'}"]
+    )
+    unreachable = command_in_process(["hparams_search=tiny_lr", f"hydra.sweeper.storage='{url}'", f"hydra.sweep.dir={tmp_path / 'b'}"])
+    for result in (unquoted, unreachable):
+        assert result.returncode == 2 and "hydra.sweeper.storage" in result.stderr, result.stderr[-3000:]
+        assert password not in result.stdout + result.stderr, result.stderr[-3000:]
+    assert "hydra.sweeper.storage=mysql+pymysql://optuna:<redacted>@127.0.0.1:1/optuna?charset=utf8" in unquoted.stderr
+    assert "cannot open the study's storage mysql+pymysql://optuna@127.0.0.1:1/optuna: " in unreachable.stderr
+    assert not [path for path in tmp_path.rglob("*") if path.is_file() and password.encode() in path.read_bytes()]
 
 
 def test_every_count_of_the_sweepers_has_a_range():

@@ -5,8 +5,10 @@ SQLite storage, reported (search.html, best.yaml) and opened in optuna-dashboard
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -17,9 +19,11 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from tests.conftest import chromium, command_in_process, needs_chromium, read_metrics, read_summary, run_cli
+from tests.conftest import REPO, chromium, cli_env, command_in_process, needs_chromium, read_metrics, read_summary, run_cli
 from tests.slurm_cluster import slurm_cluster  # noqa: F401
 
 STEPS = 8
@@ -264,7 +268,7 @@ def test_a_two_rank_trial_is_pruned_on_every_rank(tmp_path):
 
 def test_a_search_on_slurm_prunes_its_trial_on_the_node(slurm_cluster, tmp_path):
     """launcher=slurm launcher.wait=true: each trial is a Slurm job; its ranks report to the
-    study's SQLite storage from the node, the pruner stops it there, and the search learns its
+    study's journal in the sweep directory from the node, the pruner stops it there, and the search learns its
     outcome before asking the next trial."""
     sweep_dir = tmp_path / "sweep"
     args = [
@@ -281,7 +285,8 @@ def test_a_search_on_slurm_prunes_its_trial_on_the_node(slurm_cluster, tmp_path)
     ]
     result = run_cli(args, timeout=600, env=slurm_cluster.env)
     assert result.returncode == 0, _explain(result)
-    assert [t.state for t in load_study(sweep_dir).trials] == [TrialState.PRUNED]
+    journal = JournalStorage(JournalFileBackend(str(sweep_dir / "optuna.journal")))  # on Slurm: the journal by default
+    assert [t.state for t in optuna.load_study(study_name=STUDY, storage=journal).trials] == [TrialState.PRUNED]
     job = jobs_by_num(sweep_dir)[0]
     assert job["status"] == "pruned" and job["job"]["id"], job
     assert [r["step"] for r in read_metrics(Path(job["run_dir"]))] == [1, 2]
@@ -379,3 +384,122 @@ def test_a_one_at_a_time_search_shows_no_overlap(search):
     bars = _timeline_bars((sweep_dir / "search.html").read_text())
     assert _overlapping({n: (left, right) for n, (_, left, right) in bars.items()}) == set()
     assert "at most 1 at once" in (sweep_dir / "search.md").read_text()
+
+
+# Two trials at once on this machine: the search packs each onto one core.
+CONCURRENT = ["hparams_search=tiny_lr", "hydra.sweeper.n_concurrent=2", *SHORT]
+
+
+def overlapping(jobs: dict[int, dict]) -> list[tuple[int, int]]:
+    """The pairs of jobs whose recorded wall times (started .. ended) overlap."""
+    nums = sorted(jobs)
+    return [
+        (a, b)
+        for i, a in enumerate(nums)
+        for b in nums[i + 1 :]
+        if max(jobs[a]["started"], jobs[b]["started"]) < min(jobs[a]["ended"], jobs[b]["ended"])
+    ]
+
+
+def test_a_concurrent_search_runs_two_trials_at_once_on_a_core_each(tmp_path):
+    """hydra.sweeper.n_concurrent=2: two trials in flight, each on one of the two cores (packed),
+    then the third; every trial told once, with its job's wall times."""
+    sweep_dir = tmp_path / "sweep"
+    result = run_cli([*CONCURRENT, "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep_dir}"], timeout=600)
+    assert result.returncode == 0, _explain(result)
+    trials = load_study(sweep_dir).trials
+    assert [t.number for t in trials] == [0, 1, 2]
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials), [t.state for t in trials]
+    jobs = {num: json.loads((sweep_dir / str(num) / "job.json").read_text()) for num in range(3)}
+    assert sorted(jobs_by_num(sweep_dir)) == [0, 1, 2] and all(job["status"] in ("completed", "pruned") for job in jobs.values())
+    pairs = overlapping(jobs)
+    assert pairs, {num: (job["started"], job["ended"]) for num, job in jobs.items()}
+    for a, b in pairs:  # trials at the same time had a core each
+        slices = [json.loads((sweep_dir / str(num) / "device_slice.json").read_text())["slots"] for num in (a, b)]
+        assert len(slices[0]) == len(slices[1]) == 1 and slices[0] != slices[1], slices
+    for trial in trials:  # its job's wall times, as told
+        assert (trial.user_attrs["started"], trial.user_attrs["ended"]) == (jobs[trial.number]["started"], jobs[trial.number]["ended"])
+    assert "launcher.devices_per_job=1" in jobs[0]["overrides"]
+
+
+def _wait_for(condition, timeout: float, what: str, process: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, f"the search ended ({process.returncode}) before {what}:\n{log.read_text()[-4000:]}"
+        assert time.monotonic() < deadline, f"no {what} after {timeout} s:\n{log.read_text()[-4000:]}"
+        time.sleep(0.5)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _start_search(args: list[str], log: Path) -> subprocess.Popen:
+    with log.open("w") as out:
+        return subprocess.Popen([sys.executable, "-m", "qwen3_trn", *args], cwd=REPO, env=cli_env(), stdout=out, stderr=subprocess.STDOUT)
+
+
+def _training(sweep_dir: Path, num: int) -> bool:
+    metrics = sweep_dir / str(num) / "metrics.jsonl"
+    return metrics.is_file() and bool(metrics.read_text().strip())
+
+
+def test_a_trial_whose_process_is_lost_reads_as_failed_and_the_search_goes_on(tmp_path):
+    """SIGKILL to one of two concurrent trials while it trains: nothing of it records an end; the
+    search reads it as died, tells it failed, and asks the next trial while the other still runs."""
+    sweep_dir = tmp_path / "sweep"
+    log = tmp_path / "search.log"
+    search = _start_search(
+        [*CONCURRENT, "training.steps=100", "validation.interval=50", "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep_dir}"], log
+    )
+    try:
+        _wait_for(lambda: _training(sweep_dir, 0) and _training(sweep_dir, 1), 300, "two trials training", search, log)
+        os.killpg(read_summary(sweep_dir / "0")["process"]["pid"], signal.SIGKILL)
+        search.wait(timeout=600)
+    finally:
+        if search.poll() is None:
+            search.kill()
+    trials = load_study(sweep_dir).trials
+    assert [t.number for t in trials] == [0, 1, 2], log.read_text()[-4000:]
+    assert trials[0].state == TrialState.FAIL and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials[1:])
+    jobs = jobs_by_num(sweep_dir)
+    assert jobs[0]["status"] == "died" and read_summary(sweep_dir / "0")["status"] == "died", jobs[0]
+    assert search.returncode == 1 and "0 of 3 jobs failed, 1 died" in log.read_text(), log.read_text()[-4000:]
+
+
+def test_ctrl_c_stops_a_concurrent_search_and_a_rerun_goes_on(tmp_path):
+    """SIGINT to the search command while two trials train: both are interrupted (their process
+    groups stopped, nothing left running) and told failed; the same command again resumes the
+    study, and every trial is in it once."""
+    sweep_dir = tmp_path / "sweep"
+    args = [*CONCURRENT, "training.steps=100", "validation.interval=50", "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep_dir}"]
+    log = tmp_path / "search.log"
+    search = _start_search(args, log)
+    try:
+        _wait_for(lambda: _training(sweep_dir, 0) and _training(sweep_dir, 1), 300, "two trials training", search, log)
+        search.send_signal(signal.SIGINT)
+        assert search.wait(timeout=120) == 130, log.read_text()[-4000:]
+    finally:
+        if search.poll() is None:
+            search.kill()
+    trials = load_study(sweep_dir).trials
+    assert [(t.number, t.state) for t in trials] == [(0, TrialState.FAIL), (1, TrialState.FAIL)], log.read_text()[-4000:]
+    for num in (0, 1):
+        job = json.loads((sweep_dir / str(num) / "job.json").read_text())
+        assert job["status"] == "interrupted", job
+        summary = read_summary(sweep_dir / str(num))
+        assert summary["status"] == "interrupted" and _gone(summary["process"]["pid"]), f"trial {num}'s process group is still there"
+    assert (sweep_dir / "2").exists() is False
+
+    rerun = run_cli(args, timeout=600)
+    assert rerun.returncode == 0, _explain(rerun)
+    assert f"study {STUDY} resumed" in rerun.stdout
+    trials = load_study(sweep_dir).trials
+    assert [t.number for t in trials] == [0, 1, 2] and [t.state for t in trials[:2]] == [TrialState.FAIL] * 2
+    assert trials[2].state in (TrialState.COMPLETE, TrialState.PRUNED)
+    assert sorted(jobs_by_num(sweep_dir)) == [0, 1, 2]
+    assert rerun.stdout.count("[search] trial ") == 1

@@ -19,6 +19,7 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from qwen3_trn.common.errors import ConfigError, RunInterrupted, describe_error
+from qwen3_trn.common.redact import redact_url, scrub
 from qwen3_trn.config.composition import composition_error
 from qwen3_trn.results.records import TRACEBACK_ENV
 
@@ -37,7 +38,7 @@ def _is_composition_error(exc: BaseException) -> bool:
 
 def _report(message: str, status: int) -> None:
     hint = f"\n(set {TRACEBACK_ENV}=1 for a traceback)" if status == EXIT_BAD_INPUT else ""
-    print(f"error: {message}{hint}", file=sys.stderr, flush=True)
+    print(f"error: {scrub(redact_url(message))}{hint}", file=sys.stderr, flush=True)  # an override may hold a secret
     sys.exit(status)
 
 

@@ -3,7 +3,8 @@
 They still reach ranks and jobs through the environment. In what the project writes they are
 redacted by key (``launcher.env`` entries, config leaves, overrides) and, as a last guard in
 every writer and rank log, by value (known values of 8 characters or more that are not an
-existing path). User-facing behaviour: docs/reliability.md.
+existing path); a password in a URL (a search's study storage) reads ``<redacted>``
+wherever the URL is a config leaf or an override. User-facing behaviour: docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|PRIVATE",
 # Shorter values are left alone by the value scrub (they would match ordinary text); the
 # structural redaction covers them.
 MIN_SCRUBBED_LENGTH = 8
+# scheme://user:password@ -> the password
+URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][\w+.-]*://[^\s/:@]*:)(?P<password>[^\s@/]+)(?=@)")
 
 _registered: set[str] = set()
 
@@ -47,8 +50,22 @@ def passed_env(env: Mapping[str, Any]) -> dict[str, str]:
     return {str(key): str(value) for key, value in env.items() if not is_redacted(value)}
 
 
+def redact_url(text: str) -> str:
+    """``mysql+pymysql://user:pw@host/db`` -> ``mysql+pymysql://user:<redacted>@host/db``."""
+    return URL_PASSWORD.sub(lambda m: m["head"] + REDACTED, text)
+
+
+def url_password(text: str) -> str | None:
+    """The password of the first URL in ``text`` that has one."""
+    match = URL_PASSWORD.search(str(text))
+    return match["password"] if match else None
+
+
 def redact_tree(node: Any) -> Any:
-    """A plain config tree (dicts and lists) with every leaf under a secret-looking key redacted."""
+    """A plain config tree (dicts and lists) with every leaf under a secret-looking key, and every
+    URL's password, redacted."""
+    if isinstance(node, str):
+        return redact_url(node)
     if isinstance(node, dict):
         return {
             k: (REDACTED if looks_secret(k) and not isinstance(v, (dict, list)) and v is not None else redact_tree(v))
@@ -72,20 +89,21 @@ def redact_dump(node: Any) -> Any:
 def redact_override(override: str) -> str:
     """``+launcher.env.HF_TOKEN=hf_x`` -> ``+launcher.env.HF_TOKEN=<redacted>``, and
     ``+launcher.env={HF_TOKEN: hf_x, A: b}`` -> ``+launcher.env={HF_TOKEN: '<redacted>', A: b}``."""
-    key, sep, value = str(override).partition("=")
+    override = redact_url(str(override))
+    key, sep, value = override.partition("=")
     if not sep:
-        return str(override)
+        return override
     if looks_secret(key.lstrip("+~").rsplit(".", 1)[-1]):
         return f"{key}={REDACTED}"
     if "{" in value:  # a dict value may hold secret keys
         try:
-            parsed = OverridesParser.create().parse_override(str(override)).value()
+            parsed = OverridesParser.create().parse_override(override).value()
         except Exception:  # noqa: BLE001 - not an override Hydra can read: no structure to redact
-            return str(override)
+            return override
         redacted = redact_tree(parsed)
         if redacted != parsed:
             return f"{key}={_override_value(redacted)}"
-    return str(override)
+    return override
 
 
 def _override_value(node: Any) -> str:

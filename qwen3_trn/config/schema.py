@@ -347,7 +347,9 @@ class TrialConfig:
     """The Optuna trial of a search's job, set by the search sweeper (null outside a search); its
     pruner may stop the run (status ``pruned``)."""
 
-    storage: Optional[str] = None  # the study's storage URL (sqlite:///<sweep dir>/optuna.db)
+    # the study's storage: a URL (sqlite:///<sweep dir>/optuna.db; a database server's without its
+    # password, which comes in the environment: qwen3_trn.run.trials) or a journal file's path
+    storage: Optional[str] = None
     study: Optional[str] = None
     # None: the running trial whose user attribute run_dir is this run's directory
     number: Optional[int] = key(None, ge=0)

@@ -35,9 +35,13 @@ class SearchSweeperConf:
 
     _target_: str = "hydra_plugins.qwen3_trn_search.Qwen3TrnSearchSweeper"
     n_trials: int = key(10, ge=1)
+    # trials in flight at once: the next is asked as soon as one ends
+    n_concurrent: int = key(1, ge=1)
     direction: str = "minimize"
     study_name: Optional[str] = None  # null: "search"
-    storage: Optional[str] = None  # null: sqlite:///<sweep dir>/optuna.db
+    # null: sqlite:///<sweep dir>/optuna.db, or the journal <sweep dir>/optuna.journal where the
+    # ranks run elsewhere (launcher=slurm); a URL (mysql+pymysql://user:password@host/db) or a journal path
+    storage: Optional[str] = None
     # {name: tpe|random|cmaes|qmc, ...the sampler's arguments}
     sampler: dict[str, Any] = field(default_factory=lambda: {"name": "tpe"})
     # {name: median|percentile|successive_halving|hyperband|threshold|none, ...the pruner's arguments}

@@ -12,6 +12,7 @@ plan and the sweep talk to this interface only:
 - ``waits_for_jobs``: whether ``launch`` returns only once the run ended (its outcome in the
   records), unless detached; a search asks it rather than reading a launcher's key;
 - ``refresh``: the current state of runs it started elsewhere (a Slurm job), into their records;
+- ``stop``: end runs it started elsewhere (a search's Ctrl-C); a run here stops with its process;
 - ``record_job``: the one writer of such a run's launcher-neutral ``job`` section
   (``records.JOB_SECTION``), which the sweep, ``qwen3_trn.status`` and the app read without
   knowing which launcher wrote it.
@@ -90,3 +91,9 @@ class Launcher(Configurable):
         """Bring the summaries of runs this launcher started elsewhere up to date; returns them.
         Local runs have nothing to refresh."""
         return []
+
+    @classmethod
+    def stop(cls, run_dirs: list[Path]) -> None:
+        """End the runs this launcher started elsewhere that are still in flight (their records
+        then follow through ``refresh``). Runs on this machine end with the process that runs
+        them: nothing to do here."""

@@ -19,6 +19,7 @@ from optuna.trial import TrialState
 from qwen3_trn.report.figures import _pyplot, _svg
 from qwen3_trn.results.quantities import QUANTITIES
 from qwen3_trn.results.records import CONFIG_FILE, read_metrics, write_text_atomic
+from qwen3_trn.run.trials import WALL_TIME_ATTRS
 
 BEST_FILE = "best.yaml"
 SEARCH_HTML = "search.html"
@@ -86,8 +87,16 @@ class TrialSpan:
     pruned_step: int | None = None
 
 
+def _wall_time(trial: optuna.trial.FrozenTrial, now: datetime) -> tuple[datetime, datetime]:
+    """When the trial's job ran (its user attributes), else when the search asked and told it."""
+    started, ended = (trial.user_attrs.get(key) for key in WALL_TIME_ATTRS)
+    start = datetime.fromtimestamp(started) if started is not None else trial.datetime_start
+    end = datetime.fromtimestamp(ended) if ended is not None else (trial.datetime_complete or now)
+    return start, max(start, end)
+
+
 def trial_spans(study: optuna.Study, now: datetime | None = None) -> list[TrialSpan]:
-    """The trials that started (an invalid one never did), from their asked and told times."""
+    """The trials that started (an invalid one never did), over wall time."""
     now = now or datetime.now()
     started = [
         t
@@ -96,16 +105,18 @@ def trial_spans(study: optuna.Study, now: datetime | None = None) -> list[TrialS
     ]
     if not started:
         return []
-    origin = min(t.datetime_start for t in started)
+    times = {t.number: _wall_time(t, now) for t in started}
+    origin = min(start for start, _ in times.values())
     spans = []
     for trial in started:
         pruned = trial.state == TrialState.PRUNED and trial.intermediate_values
+        start, end = times[trial.number]
         spans.append(
             TrialSpan(
                 trial.number,
                 STATES[trial.state],
-                (trial.datetime_start - origin).total_seconds(),
-                ((trial.datetime_complete or now) - origin).total_seconds(),
+                (start - origin).total_seconds(),
+                (end - origin).total_seconds(),
                 max(trial.intermediate_values) if pruned else None,
             )
         )

@@ -1,8 +1,8 @@
 """Optuna inside a run: the pruner and sampler a search names, and the trial a run reports to.
 
 The search sweeper (``qwen3_trn.sweeps.search``) keeps its study in a storage every job can open
-(``sqlite:///<sweep dir>/optuna.db``) and records there how it prunes (the study's user
-attribute ``pruner``). A job of the search (``sweep.trial`` set) opens the same study with the
+(``study_storage``: a database URL, or the path of a journal file) and records there how it
+prunes (the study's user attribute ``pruner``). A job of the search (``sweep.trial`` set) opens the same study with the
 same pruner, reports each validation loss to its trial and asks whether to stop
 (``TrialReporter.report``); ``TrialPruned`` then ends the run with status ``pruned``.
 Nothing here imports torch.
@@ -10,11 +10,15 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.storages import BaseStorage, JournalStorage
+from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
+from sqlalchemy.engine import URL, make_url
 
 from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.results.records import RunStatus
@@ -36,8 +40,14 @@ SAMPLERS = {
     "qmc": optuna.samplers.QMCSampler,
 }
 PRUNER_ATTR = "pruner"
+# The password of a study's database URL: the trials get it in their environment, never in a
+# file or an override (a secret-looking name: every record writer scrubs its value).
+STORAGE_PASSWORD_ENV = "QWEN3_TRN_STORAGE_PASSWORD"
 # The trial's user attribute naming the run directory of its job: how a job finds its trial.
 RUN_DIR_ATTR = "run_dir"
+# The trial's user attributes with its job's wall-clock start and end (seconds since the epoch):
+# Optuna's datetime_start/datetime_complete are when the search asked and told it.
+WALL_TIME_ATTRS = ("started", "ended")
 
 
 def _build(kind: str, table: dict[str, Any], spec: dict[str, Any] | None, default: str) -> Any:
@@ -61,6 +71,35 @@ def make_sampler(spec: dict[str, Any] | None) -> optuna.samplers.BaseSampler:
     return _build("sampler", SAMPLERS, spec, "tpe")
 
 
+def is_url(spec: str) -> bool:
+    return "://" in str(spec)
+
+
+def without_password(spec: str) -> tuple[str, str | None]:
+    """A storage URL without its password, and the password (None where it has none)."""
+    if not is_url(spec):
+        return str(spec), None
+    url = make_url(str(spec))
+    if url.password is None:
+        return str(spec), None
+    public = URL.create(url.drivername, username=url.username, host=url.host, port=url.port, database=url.database, query=url.query)
+    return public.render_as_string(hide_password=False), str(url.password)
+
+
+def study_storage(spec: str) -> str | BaseStorage:
+    """What Optuna opens for ``spec``: a database URL (``sqlite:///...``, ``mysql+pymysql://user@host/db``,
+    ``postgresql://...``), its password from ``STORAGE_PASSWORD_ENV`` where it names a user but no
+    password; anything else is the path of a journal file (``JournalStorage``, for a shared
+    filesystem)."""
+    if not is_url(spec):
+        return JournalStorage(JournalFileBackend(str(spec)))
+    password = os.environ.get(STORAGE_PASSWORD_ENV)
+    url = make_url(str(spec))
+    if password and url.username and url.password is None:
+        return url.set(password=password).render_as_string(hide_password=False)
+    return str(spec)
+
+
 class TrialPruned(SystemExit):
     """Raised on every rank of a pruned trial: the run ends, its status ``pruned`` (not failed).
     A ``SystemExit``: the run has recorded why (summary.json's ``pruned``), it is no error."""
@@ -78,7 +117,7 @@ class TrialReporter:
 
     def _open(self) -> optuna.trial.Trial:
         if self._trial is None:
-            study = optuna.load_study(study_name=self.study_name, storage=self.storage)
+            study = optuna.load_study(study_name=self.study_name, storage=study_storage(self.storage))
             study.pruner = make_pruner(study.user_attrs.get(PRUNER_ATTR))
             trials = study.get_trials(deepcopy=False)
             if self.number is not None:
@@ -98,4 +137,16 @@ class TrialReporter:
         return trial.should_prune()
 
 
-__all__ = ["PRUNER_ATTR", "RUN_DIR_ATTR", "PRUNERS", "SAMPLERS", "TrialPruned", "TrialReporter", "make_pruner", "make_sampler"]
+__all__ = [
+    "PRUNER_ATTR",
+    "PRUNERS",
+    "RUN_DIR_ATTR",
+    "SAMPLERS",
+    "STORAGE_PASSWORD_ENV",
+    "TrialPruned",
+    "TrialReporter",
+    "make_pruner",
+    "make_sampler",
+    "study_storage",
+    "without_password",
+]

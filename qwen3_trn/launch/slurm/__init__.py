@@ -31,7 +31,7 @@ from qwen3_trn.config.schema import Mode, RunConfig
 from qwen3_trn.launch.base import LaunchDescription, Launcher
 from qwen3_trn.launch.node import environment, torchrun_command
 from qwen3_trn.launch.slurm.job import SlurmTrainJob
-from qwen3_trn.launch.slurm.state import SlurmJobEnded, refresh_runs, wait_for_run, wait_for_runs
+from qwen3_trn.launch.slurm.state import SlurmJobEnded, cancel_runs, refresh_runs, wait_for_run, wait_for_runs
 from qwen3_trn.launch.slurm.submission import (
     check_cluster,
     check_config,
@@ -151,3 +151,7 @@ class SlurmLauncher(Launcher):
     @classmethod
     def refresh(cls, run_dirs: list[Path], wait: bool = False) -> list[dict[str, Any]]:
         return wait_for_runs(cls, run_dirs) if wait else refresh_runs(cls, run_dirs)
+
+    @classmethod
+    def stop(cls, run_dirs: list[Path]) -> None:
+        cancel_runs(cls, run_dirs)

@@ -10,6 +10,7 @@ run's launcher-neutral ``job`` section through the launcher's ``record_job`` (``
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -112,6 +113,19 @@ def refresh_runs(launcher: type[Launcher], run_dirs: Iterable[Path]) -> list[dic
         changed = status is not None and state != job.get("state")
         out.append(launcher.record_job(run_dir, {"state": state} if changed else {}, **fields) if changed or fields else summary)
     return out
+
+
+def cancel_runs(launcher: type[Launcher], run_dirs: Iterable[Path]) -> None:
+    """``scancel`` the job of each run still in flight (its end state then comes from sacct)."""
+    ids = []
+    for run_dir in map(Path, run_dirs):
+        summary = read_summary(run_dir)
+        job = job_section(summary)
+        if job.get("launcher") == launcher.name and job.get("id") and summary.get("status") in IN_FLIGHT_STATUSES:
+            ids.append(str(job["id"]))
+    if ids:
+        result = subprocess.run(["scancel", *ids], capture_output=True, text=True, timeout=60)
+        print(f"[slurm] cancelled job(s) {', '.join(ids)}" + (f": {result.stderr.strip()}" if result.returncode else ""), flush=True)
 
 
 def _print_new(path: Path, offset: int) -> int:
