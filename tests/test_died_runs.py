@@ -19,7 +19,8 @@ import pytest
 
 from qwen3_trn.launch.slurm.state import status_of
 from qwen3_trn.processes import is_gone, this_process, where
-from tests.conftest import REPO, cli_env, read_summary
+from qwen3_trn.records import read_manifest, read_summary
+from tests.commands import REPO, cli_env, command_in_subprocess, start_command
 from tests.test_reliability import session_processes, steps_logged, wait_for
 
 STEPS = 40
@@ -36,10 +37,6 @@ ARGS = [
 ]
 
 
-def _sweep(sweep_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "qwen3_trn", *ARGS, f"hydra.sweep.dir={sweep_dir}"]
-
-
 def _status(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "qwen3_trn.status", *args], cwd=REPO, env=cli_env(), capture_output=True, text=True)
 
@@ -48,9 +45,7 @@ def _status(*args: str) -> subprocess.CompletedProcess:
 def killed_sweep(tmp_path_factory) -> Path:
     """A sweep SIGKILLed while its first job trains: (sweep dir, steps logged when killed)."""
     sweep_dir = tmp_path_factory.mktemp("died") / "sweep"
-    sweep = subprocess.Popen(
-        _sweep(sweep_dir), cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    sweep = start_command([*ARGS, f"hydra.sweep.dir={sweep_dir}"])
     wait_for(lambda: steps_logged(sweep_dir / "0") >= 2, 300, "two steps", sweep)
     assert len(session_processes(sweep.pid)) >= 3  # the launcher and its 2 ranks
     os.kill(sweep.pid, signal.SIGKILL)
@@ -81,15 +76,15 @@ def test_a_killed_sweep_job_reads_as_died_in_status_report_and_resume(killed_swe
     shown = _status("--json", str(killed_sweep))
     assert shown.returncode == 1, shown.stderr
     assert [(row["num"], row["status"]) for row in json.loads(shown.stdout)] == [(0, "died")]
-    manifest = json.loads((killed_sweep / "manifest.json").read_text())
+    manifest = read_manifest(killed_sweep)
     assert manifest["counts"]["died"] == 1 and manifest["complete"], manifest["counts"]
     with open(killed_sweep / "report.csv") as f:
         assert [row["status"] for row in csv.DictReader(f)] == ["died"]
 
-    rerun = subprocess.run(_sweep(killed_sweep), cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
+    rerun = command_in_subprocess([*ARGS, f"hydra.sweep.dir={killed_sweep}"], timeout=900)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "#0 died earlier: runs again" in rerun.stdout, rerun.stdout[-3000:]
-    manifest = json.loads((killed_sweep / "manifest.json").read_text())
+    manifest = read_manifest(killed_sweep)
     assert [job["status"] for job in manifest["jobs"]] == ["completed", "completed"]
     assert read_summary(killed_sweep / "previous-attempts" / "0-1")["status"] == "died"
 

@@ -11,7 +11,7 @@ import pytest
 
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.launch.packing import DeviceSlots
-from tests.conftest import run_cli
+from tests.commands import command_in_subprocess
 
 
 def _hold(lock_dir: str, total: int, log: str, hold_s: float) -> None:
@@ -68,7 +68,7 @@ def test_more_devices_than_the_machine_has_is_refused(tmp_path):
 @pytest.mark.slow
 def test_packed_sweep_of_four_jobs_on_two_cores(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    result = run_cli(
+    result = command_in_subprocess(
         [
             "-m",
             "hydra/launcher=joblib",

@@ -19,7 +19,9 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from tests.conftest import chromium, command_in_process, needs_chromium, read_metrics, read_summary, run_cli
+from qwen3_trn.records import read_metrics, read_summary
+from tests.commands import command_in_process, command_in_subprocess
+from tests.conftest import chromium, needs_chromium
 from tests.slurm_cluster import slurm_cluster  # noqa: F401
 
 STEPS = 8
@@ -279,7 +281,7 @@ def test_a_search_on_slurm_prunes_its_trial_on_the_node(slurm_cluster, tmp_path)
         "~hydra.sweeper.pruner.n_startup_trials",
         f"hydra.sweep.dir={sweep_dir}",
     ]
-    result = run_cli(args, timeout=600, env=slurm_cluster.env)
+    result = command_in_subprocess(args, timeout=600, env=slurm_cluster.env)
     assert result.returncode == 0, _explain(result)
     assert [t.state for t in load_study(sweep_dir).trials] == [TrialState.PRUNED]
     job = jobs_by_num(sweep_dir)[0]
