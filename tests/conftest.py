@@ -67,11 +67,25 @@ SHARED_SCOPES = {
     # the two-agent run on loopback (``loopback_2x2_run``), also the one-host reference of the 2x2 two-host job
     "tests/test_multinode.py": "tests/test_two_host.py",
 }
-# The longest groups, one job after another on a cluster, start first rather than last, and
-# apart: while one worker's tests wait on the single-node cluster's jobs, the other trains on
-# the CPU (the HF exports, the bad-input and config cases), and only then takes the two-host
-# group, which waits as much. Two waiting groups side by side leave both cores half idle.
-FIRST_SCOPES = ("slurm", "hf_export", "tests/test_bad_input.py", "tests/test_config_matrix.py", "tests/test_two_host.py")
+# The longest groups first, longest first (``--durations`` of a full run, summed per group): a
+# worker that takes a long group last runs on alone after the others are done. Then the rest,
+# most tests first (pytest-xdist's order). Each worker holds two groups at a time.
+LONGEST_SCOPES = (
+    "tests/test_two_host.py",
+    "docs",
+    "tests/test_parity.py",
+    "tests/test_reliability.py",
+    "slurm",
+    "tests/test_died_runs.py",
+    "tests/test_sweep.py",
+    "tests/test_install.py",
+    "hf_export",
+    "tests/test_titan_compat.py",
+    "tests/test_bad_input.py",
+    "tests/test_torchtitan_window.py",
+    "tests/test_sweep_preflight.py",
+    "tests/test_search.py",
+)
 
 
 class SharedRunScheduling(LoadFileScheduling):
@@ -84,7 +98,7 @@ class SharedRunScheduling(LoadFileScheduling):
         return SHARED_SCOPES.get(path, path)
 
     def _assign_work_unit(self, node: Any) -> None:
-        for scope in reversed(FIRST_SCOPES):
+        for scope in reversed(LONGEST_SCOPES):
             if scope in self.workqueue:
                 self.workqueue.move_to_end(scope, last=False)
         super()._assign_work_unit(node)

@@ -6,21 +6,23 @@ killed sweep, shared by the module's tests."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import os
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from qwen3_trn import status
 from qwen3_trn.launch.slurm.state import status_of
 from qwen3_trn.processes import is_gone, this_process, where
-from qwen3_trn.records import read_manifest, read_summary
-from tests.commands import REPO, cli_env, command_in_subprocess, start_command
+from qwen3_trn.records import read_manifest, read_metrics, read_summary
+from tests.commands import command_in_subprocess, start_command
 from tests.test_reliability import session_processes, steps_logged, wait_for
 
 STEPS = 40
@@ -38,7 +40,12 @@ ARGS = [
 
 
 def _status(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "qwen3_trn.status", *args], cwd=REPO, env=cli_env(), capture_output=True, text=True)
+    """``python -m qwen3_trn.status ARGS`` through its ``main`` in this process (as a real
+    process: tests/test_launcher_slurm.py)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = status.main(list(args))
+    return subprocess.CompletedProcess(args, code, out.getvalue(), "")
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +65,7 @@ def killed_sweep(tmp_path_factory) -> Path:
 def test_a_killed_run_reads_as_died_with_its_last_step(killed_sweep):
     run_dir = killed_sweep / "0"
     assert read_summary(run_dir)["status"] == "running"  # as the kill left it
-    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["step"]
+    last = read_metrics(run_dir)[-1]["step"]
 
     shown = _status("--json", str(run_dir))
     assert shown.returncode == 1, shown.stderr

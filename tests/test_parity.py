@@ -145,10 +145,12 @@ def test_a_bad_command_exits_2_naming_the_key(args, named, tmp_path, capsys):
     assert not (tmp_path / "out").exists()  # nothing ran
 
 
-def test_a_config_the_runs_refuse_exits_2(tmp_path):
-    done = parity_command(["training.steps=0"], tmp_path / "out")
-    assert done.returncode == 2
-    assert "training.steps" in done.stderr
+def test_a_config_the_runs_refuse_exits_2(tmp_path, capsys):
+    """Through the command's ``main`` in this process (as its own process: the fixtures above)."""
+    with pytest.raises(SystemExit) as exited:
+        main(["training.steps=0", "--out", str(tmp_path / "out")])
+    assert exited.value.code == 2
+    assert "training.steps" in capsys.readouterr().err
 
 
 def test_a_mode_that_logged_other_steps_or_nan_does_not_agree():

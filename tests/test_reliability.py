@@ -49,8 +49,7 @@ def session_processes(sid: int) -> list[int]:
 
 
 def steps_logged(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    return len(path.read_text().splitlines()) if path.is_file() else 0
+    return len(read_metrics(run_dir))
 
 
 def test_four_runs_started_at_once_get_four_directories(tmp_path):

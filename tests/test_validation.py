@@ -22,7 +22,7 @@ from qwen3_trn.data.sources.hub import HubSource
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.metrics import JsonlLogger
 from qwen3_trn.preflight import prepare
-from qwen3_trn.records import read_metrics, read_summary
+from qwen3_trn.records import read_summary
 from qwen3_trn.validation import RunValidator, validator_config
 from tests.commands import REPO, cli_env, command_in_process
 from tests.conftest import assert_trained, compose_config
