@@ -11,6 +11,7 @@ import pytest
 
 from qwen3_trn.errors import ConfigError
 from qwen3_trn.launch.packing import DeviceSlots
+from qwen3_trn.records import read_summary, run_dirs_under
 from tests.commands import command_in_subprocess
 
 
@@ -93,5 +94,5 @@ def test_packed_sweep_of_four_jobs_on_two_cores(tmp_path):
             if _overlapping(a, b):
                 assert a["slots"] != b["slots"], "two running jobs shared a core"
     assert _max_concurrency(slices) <= 2
-    for run in sorted(sweep_dir.glob("*/summary.json")):
-        assert json.loads(run.read_text())["status"] == "completed"
+    for run_dir in run_dirs_under(sweep_dir):
+        assert read_summary(run_dir)["status"] == "completed"
