@@ -1,4 +1,6 @@
-"""Shared helpers: compose configs exactly as the CLI does, and run the CLI for real."""
+"""Shared helpers: configs composed as the command composes them, the session's shared runs, how
+the workers share the suite, wandb's offline runs read back. Running the command itself:
+tests/commands.py."""
 
 from __future__ import annotations
 
@@ -122,11 +124,6 @@ def compose_config(overrides: list[str], output_dir: str | Path = "/tmp/qwen3_tr
         return compose("config", overrides=[*overrides, f"output_dir={output_dir}"])
 
 
-# What the entry point sets in its own process (Hydra raises, the app then may print tracebacks),
-# as this session started.
-_ENTRY_POINT_ENV = {name: os.environ.get(name) for name in ("HYDRA_FULL_ERROR", "QWEN3_TRN_TRACEBACK")}
-
-
 @pytest.fixture(autouse=True)
 def _process_left_as_found() -> Iterator[None]:
     """A test leaves this process's working directory and ``PYTHONPATH`` as it found them: the
@@ -155,23 +152,6 @@ def _device_probes_afresh() -> None:
     test's stand-ins made it find (torch-neuronx's modules, a ``DEVICES`` entry) would otherwise
     answer for later tests in the same worker."""
     probe_device.cache_clear()
-
-
-@pytest.fixture(autouse=True)
-def _outside_any_hydra_run() -> None:
-    """Each test starts outside a Hydra run: Hydra's entry point called in this process (by
-    ``command_in_process``) leaves its ``HydraConfig`` set, which
-    the app would read as the run or sweep it is in, and ``HYDRA_FULL_ERROR`` in the
-    environment, with which a command started afterwards prints tracebacks and exits 1 for bad
-    input."""
-    from hydra.core.hydra_config import HydraConfig
-
-    HydraConfig.instance().cfg = None
-    for name, value in _ENTRY_POINT_ENV.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
 
 
 def assert_trained(result: subprocess.CompletedProcess, run_dir: Path, steps: int) -> list[dict]:
