@@ -1,13 +1,11 @@
-"""Shared helpers: compose configs exactly as the CLI does, and run the CLI for real."""
+"""Shared helpers: configs composed as the command composes them, the session's shared runs, how
+the workers share the suite, wandb's offline runs read back. Running the command itself:
+tests/commands.py."""
 
 from __future__ import annotations
 
 import compileall
-import contextlib
-import importlib
-import io
 import json
-import logging
 import os
 import shutil
 import subprocess
@@ -25,18 +23,16 @@ from xdist.scheduler import LoadFileScheduling
 from qwen3_trn import groups  # noqa: F401  (every option's class, which its Config builds)
 from qwen3_trn.config.store import register_schema
 from qwen3_trn.devices import probe_device
+from qwen3_trn.results.records import METRICS_FILE, read_metrics
+from tests.commands import REPO, command_in_process, command_in_subprocess
 from tests.node_agents import free_port, run_node_agents
 
-REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 
 register_schema()
 
 # The smallest run (conf/debug/smoke.yaml), long enough for its loss to fall clearly.
 FAST = ["debug=smoke", "training.steps=6"]
-
-# Nothing from the Hugging Face hub: the runs use the shipped tokenizer, the exports are local.
-OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 # A few steps of a run that exports Hugging Face weights (checkpoint=hf_export): the export tests
 # (tests/test_hf_export.py, tests/test_hf_v5.py) share one such run per mode (``hf_export_run``).
@@ -75,11 +71,25 @@ SHARED_SCOPES = {
     # searches on the two-host cluster: the same cluster, started once
     "tests/test_search_slurm.py": "tests/test_two_host.py",
 }
-# The longest groups, one job after another on a cluster, start first rather than last, and
-# apart: while one worker's tests wait on the single-node cluster's jobs, the other trains on
-# the CPU (the HF exports, the bad-input and config cases), and only then takes the two-host
-# group, which waits as much. Two waiting groups side by side leave both cores half idle.
-FIRST_SCOPES = ("slurm", "hf_export", "tests/test_bad_input.py", "tests/test_config_matrix.py", "tests/test_two_host.py")
+# The longest groups first, longest first (``--durations`` of a full run, summed per group): a
+# worker that takes a long group last runs on alone after the others are done. Then the rest,
+# most tests first (pytest-xdist's order). Each worker holds two groups at a time.
+LONGEST_SCOPES = (
+    "tests/test_two_host.py",
+    "docs",
+    "tests/test_parity.py",
+    "tests/test_reliability.py",
+    "slurm",
+    "tests/test_died_runs.py",
+    "tests/test_sweep.py",
+    "tests/test_install.py",
+    "hf_export",
+    "tests/test_titan_compat.py",
+    "tests/test_bad_input.py",
+    "tests/test_torchtitan_window.py",
+    "tests/test_sweep_preflight.py",
+    "tests/test_search.py",
+)
 
 
 class SharedRunScheduling(LoadFileScheduling):
@@ -94,7 +104,7 @@ class SharedRunScheduling(LoadFileScheduling):
         return SHARED_SCOPES.get(path, path)
 
     def _assign_work_unit(self, node: Any) -> None:
-        for scope in reversed(FIRST_SCOPES):
+        for scope in reversed(LONGEST_SCOPES):
             if scope in self.workqueue:
                 self.workqueue.move_to_end(scope, last=False)
         super()._assign_work_unit(node)
@@ -116,55 +126,6 @@ def pytest_configure(config: pytest.Config) -> None:
 def compose_config(overrides: list[str], output_dir: str | Path = "/tmp/qwen3_trn_unused") -> DictConfig:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose("config", overrides=[*overrides, f"output_dir={output_dir}"])
-
-
-def cli_env(env: dict | None = None) -> dict[str, str]:
-    """The environment of a CLI subprocess: offline, the checkout's package first on the path."""
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": path, **(env or {})}
-
-
-def run_cli(
-    args: list[str], run_dir: Path | None = None, timeout: float = 600, env: dict | None = None, cwd: Path | None = None
-) -> subprocess.CompletedProcess:
-    """``python -m qwen3_trn ARGS`` in a subprocess (in ``cwd``, default the checkout), with the
-    run directory pinned."""
-    cmd = [sys.executable, "-m", "qwen3_trn", *args]
-    if run_dir is not None:
-        cmd.append(f"hydra.run.dir={run_dir}")
-    return subprocess.run(cmd, cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout, env=cli_env(env))
-
-
-@contextlib.contextmanager
-def _process_state_kept() -> Iterator[None]:
-    """A command runs outside any Hydra run, and what it changes in its process is put back
-    afterwards: the environment (the launch time, the launcher's variables), ``sys.argv``
-    (redacted), the root logger (a run points it at its own rank log) and Hydra's record of the
-    run it is in (``HydraConfig``)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    env, argv, hydra_run = dict(os.environ), list(sys.argv), HydraConfig.instance().cfg
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    HydraConfig.instance().cfg = None
-    try:
-        yield
-    finally:
-        for handler in root.handlers:
-            if handler not in handlers:
-                handler.close()
-        root.handlers[:] = handlers
-        root.setLevel(level)
-        logging.captureWarnings(False)
-        HydraConfig.instance().cfg = hydra_run
-        sys.argv[:] = argv
-        os.environ.clear()
-        os.environ.update(env)
-
-
-# What the entry point sets in its own process (Hydra raises, the app then may print tracebacks),
-# as this session started.
-_ENTRY_POINT_ENV = {name: os.environ.get(name) for name in ("HYDRA_FULL_ERROR", "QWEN3_TRN_TRACEBACK")}
 
 
 @pytest.fixture(autouse=True)
@@ -197,88 +158,12 @@ def _device_probes_afresh() -> None:
     probe_device.cache_clear()
 
 
-@pytest.fixture(autouse=True)
-def _outside_any_hydra_run() -> None:
-    """Each test starts outside a Hydra run: Hydra's entry point called in this process (by
-    ``command_in_process`` or tests/test_entry_point.py) leaves its ``HydraConfig`` set, which
-    the app would read as the run or sweep it is in, and ``HYDRA_FULL_ERROR`` in the
-    environment, with which a command started afterwards prints tracebacks and exits 1 for bad
-    input."""
-    from hydra.core.hydra_config import HydraConfig
-
-    HydraConfig.instance().cfg = None
-    for name, value in _ENTRY_POINT_ENV.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-
-
-def in_process(args: list[str], run_dir: Path, config_dir: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    """The command's path in this process: Hydra's compose and the app's task function, under
-    the same exit-code contract as ``python -m qwen3_trn`` (``app.exit_status``); one-rank runs
-    train here, more ranks start as the elastic launcher's processes; ``env`` is added to the
-    environment for the run. Returns what ``run_cli`` returns: the exit status and what went to
-    stdout and stderr."""
-    from qwen3_trn.app import exit_status, run
-    from qwen3_trn.config.composition import refuse_shadowed_config_files
-
-    searchpath = [f"hydra.searchpath=[file://{config_dir}]"] if config_dir else []
-    out, err, code = io.StringIO(), io.StringIO(), 0
-    with _process_state_kept(), contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-        os.environ.update(env or {})
-        try:
-            with exit_status([*([config_dir] if config_dir else []), CONF]):
-                refuse_shadowed_config_files([config_dir] if config_dir else [], CONF)
-                with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-                    cfg = compose("config", overrides=[*searchpath, *args, f"output_dir={run_dir}"])
-                run(cfg)
-        except SystemExit as exc:
-            code = exc.code
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
-
-
-def command_in_process(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
-    """``python -m qwen3_trn ARGS`` through its real entry point (``qwen3_trn.__main__.main``:
-    Hydra's argument handling, ``-m`` sweeps with their jobs one after another) in this process,
-    with the system allocator chosen (importing the entry point otherwise restarts the process
-    under tcmalloc); ``env`` is added to the environment. Returns what ``run_cli`` returns."""
-    from qwen3_trn.common.allocator import HOST_ALLOCATOR_ENV
-    from qwen3_trn.results.records import TRACEBACK_ENV
-
-    out, err = io.StringIO(), io.StringIO()
-    with _process_state_kept(), contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-        os.environ.update({**(env or {}), HOST_ALLOCATOR_ENV: "system"})
-        for name in ("HYDRA_FULL_ERROR", TRACEBACK_ENV):
-            os.environ.pop(name, None)
-        entry = importlib.import_module("qwen3_trn.__main__")
-        sys.argv[:] = ["qwen3_trn", *args]
-        try:
-            entry.main()
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
-
-
-def run_in_process(args: list[str], run_dir: Path, config_dir: Path | None = None) -> tuple[int, str]:
-    """``in_process``'s exit status and stderr."""
-    done = in_process(args, run_dir, config_dir)
-    return done.returncode, done.stderr
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def read_summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
-
-
 def assert_trained(result: subprocess.CompletedProcess, run_dir: Path, steps: int) -> list[dict]:
+    """The run exited 0 and logged ``steps`` consecutive steps, one line each; its records."""
     assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == list(range(records[0]["step"], records[0]["step"] + steps))
+    assert len((run_dir / METRICS_FILE).read_text().splitlines()) == steps, "a step logged twice"
     return records
 
 
@@ -297,16 +182,17 @@ class SharedRun:
 def shared_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., SharedRun]:
     """``shared_run(args)``: one run per command line for the whole session, trained by the
     first test that asks for it, for tests that only read what it left (a test that changes a
-    run works on a copy in its own tmp_path). In this process (``in_process``), or with
-    ``cli=True`` as a real ``python -m qwen3_trn`` process (``run_cli``); ``env`` is added to
-    the run's environment."""
+    run works on a copy in its own tmp_path). In this process (``command_in_process``), or with
+    ``cli=True`` as a real ``python -m qwen3_trn`` process (``command_in_subprocess``); ``env``
+    is added to the run's environment."""
     runs: dict[tuple, SharedRun] = {}
 
     def get(args: list[str], cli: bool = False, env: dict | None = None) -> SharedRun:
         key = (tuple(args), cli, tuple(sorted((env or {}).items())))
         if key not in runs:
             run_dir = tmp_path_factory.mktemp("shared_run") / "run"
-            result = run_cli(args, run_dir, env=env) if cli else in_process(args, run_dir, env=env)
+            run = command_in_subprocess if cli else command_in_process
+            result = run(args, run_dir, env=env)
             runs[key] = SharedRun(run_dir, result)
         return runs[key]
 
@@ -316,7 +202,7 @@ def shared_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Shared
 def hf_export_run(shared_run: Callable[..., SharedRun], mode: list[str]) -> SharedRun:
     """The session's tiny run of ``mode`` exporting Hugging Face weights, with DCP checkpoints as
     well (the export check loads the same step into torchtitan), trained in this process."""
-    return shared_run([*mode, "checkpoint=hf_export", "checkpoint.enable=true", *HF_EXPORT_TRAINING], env=OFFLINE)
+    return shared_run([*mode, "checkpoint=hf_export", "checkpoint.enable=true", *HF_EXPORT_TRAINING])
 
 
 # Two node agents x 2 ranks on this machine over loopback, FSDP: tests/test_multinode.py reads

@@ -5,14 +5,14 @@ its own. On one machine the nodes are processes, each optionally inside a host's
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from qwen3_trn.results.records import METRICS_FILE
+from tests.commands import REPO, cli_env
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -26,13 +26,12 @@ def run_node_agents(run_root: Path, endpoint: str, overrides: list[str], prefixe
     joining one rendezvous at ``endpoint``; returns their run directories, node0, node1, ..."""
     run_id = f"nodes-{uuid.uuid4().hex[:8]}"
     common = [f"launcher.nnodes={len(prefixes)}", f"launcher.rdzv_endpoint={endpoint}", f"launcher.rdzv_id={run_id}", *overrides]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     dirs = [run_root / f"node{n}" for n in range(len(prefixes))]
     agents = [
         subprocess.Popen(
             [*prefix, sys.executable, "-m", "qwen3_trn", *common, f"hydra.run.dir={run_dir}"],
             cwd=REPO,
-            env=env,
+            env=cli_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -53,6 +52,6 @@ def run_node_agents(run_root: Path, endpoint: str, overrides: list[str], prefixe
 
 def head_node(run_dirs: list[Path]) -> Path:
     """The one run directory with metrics: its node hosted global rank 0."""
-    with_metrics = [d for d in run_dirs if (d / "metrics.jsonl").exists()]
+    with_metrics = [d for d in run_dirs if (d / METRICS_FILE).exists()]
     assert len(with_metrics) == 1, with_metrics
     return with_metrics[0]

@@ -16,7 +16,9 @@ from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.config.schema import BackendConfig
 from qwen3_trn.config.store import register_schema
 from qwen3_trn.config.typed import to_run_config
-from tests.conftest import compose_config, in_process, read_summary
+from qwen3_trn.results.records import read_summary
+from tests.commands import command_in_process
+from tests.conftest import compose_config
 
 CASES = [
     (["backend=native"], NativeBackend, {}),
@@ -93,7 +95,7 @@ def test_a_run_builds_its_backend_once(mode, monkeypatch, tmp_path):
 
     monkeypatch.setattr(Backend, "__init__", counted)
     run_dir = tmp_path / "run"
-    done = in_process(["backend=nki_moe", "model=tiny_moe", "debug=smoke", "training.steps=2", f"mode={mode}"], run_dir)
+    done = command_in_process(["backend=nki_moe", "model=tiny_moe", "debug=smoke", "training.steps=2", f"mode={mode}"], run_dir)
     assert done.returncode == 0, done.stderr[-3000:]
     assert [type(backend) for backend in built] == [NkiMoeBackend]
     if mode == "train":  # the metrics rank asked that backend what its expert shards ran

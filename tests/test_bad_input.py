@@ -2,15 +2,16 @@
 with exit status 2 before any worker starts, no traceback, the key or file named, and no run
 directory written.
 
-The cases run in this process (Hydra's compose and the app's task function under the CLI's
-exit-code contract, ``tests.conftest.run_in_process``); ``tests/test_errors.py`` runs a few
-as real ``python -m qwen3_trn`` processes to prove the exit status end to end.
+The cases run through the command's entry point in this process (``command_in_process``);
+``tests/test_errors.py`` runs one as a real ``python -m qwen3_trn`` process to prove the exit
+status end to end.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 import typing
 from enum import Enum
 from pathlib import Path
@@ -22,7 +23,7 @@ from qwen3_trn.config.keys import facts, schema_fields
 from qwen3_trn.config.ranges import Range, all_ranges
 from qwen3_trn.config.schema import RunConfig, option_groups
 from qwen3_trn.data.embedded import tokenizer_dir
-from tests.conftest import run_in_process
+from tests.commands import command_in_process
 
 # Keys set by the command itself, not by users.
 NOT_USER_KEYS = {"output_dir"}
@@ -118,7 +119,8 @@ def generated_cases():
 GENERATED = list(generated_cases())
 
 
-def assert_refused(code: int, stderr: str, named: str, run_dir: Path) -> None:
+def assert_refused(done: subprocess.CompletedProcess, named: str, run_dir: Path) -> None:
+    code, stderr = done.returncode, done.stderr
     assert code == 2, f"exit {code}\n{stderr[-3000:]}"
     assert "Traceback" not in stderr, stderr[-3000:]
     assert named in stderr, stderr[-3000:]
@@ -155,8 +157,8 @@ def test_the_suite_covers_the_schema():
 @pytest.mark.parametrize("overrides,key", GENERATED)
 def test_generated_bad_value(overrides, key, tmp_path):
     run_dir = tmp_path / "run"
-    code, stderr = run_in_process(overrides, run_dir)
-    assert_refused(code, stderr, key, run_dir)
+    done = command_in_process(overrides, run_dir)
+    assert_refused(done, key, run_dir)
 
 
 # --------------------------------------------------------------------------------------------
@@ -225,9 +227,9 @@ def test_config_dir_file(case, tmp_path):
     name, content, choose, named = CONFIG_DIR_CASES[case]
     config_dir = tmp_path / "conf"
     _write(config_dir / name, content)
-    code, stderr = run_in_process([choose], tmp_path / "run", config_dir=config_dir)
+    done = command_in_process([choose], tmp_path / "run", config_dir=config_dir)
     for needle in named:
-        assert_refused(code, stderr, needle, tmp_path / "run")
+        assert_refused(done, needle, tmp_path / "run")
 
 
 def _jsonl(rows) -> str:
@@ -272,9 +274,9 @@ def test_data_file(case, tmp_path):
     name, content, extra, named = DATA_CASES[case]
     path = _write(tmp_path / "data" / name, content) if name else tmp_path / "data" / "absent.jsonl"
     given = [] if name == "" else [f"data.path={path}"]
-    code, stderr = run_in_process(["data=files", *given, *extra], tmp_path / "run")
+    done = command_in_process(["data=files", *given, *extra], tmp_path / "run")
     for needle in named:
-        assert_refused(code, stderr, needle, tmp_path / "run")
+        assert_refused(done, needle, tmp_path / "run")
 
 
 def _assets(tmp_path: Path, **files: str | bytes) -> Path:
@@ -310,33 +312,33 @@ TOKENIZER_CASES = {
 def test_tokenizer_file(case, tmp_path):
     files, extra, named = TOKENIZER_CASES[case]
     assets = _assets(tmp_path, **files)
-    code, stderr = run_in_process([f"model.hf_assets_path={assets}", *extra], tmp_path / "run")
+    done = command_in_process([f"model.hf_assets_path={assets}", *extra], tmp_path / "run")
     for needle in named:
-        assert_refused(code, stderr, needle, tmp_path / "run")
+        assert_refused(done, needle, tmp_path / "run")
 
 
 def test_tokenizer_directory_missing(tmp_path):
-    code, stderr = run_in_process([f"model.hf_assets_path={tmp_path / 'nothing'}"], tmp_path / "run")
-    assert_refused(code, stderr, "model.hf_assets_path", tmp_path / "run")
+    done = command_in_process([f"model.hf_assets_path={tmp_path / 'nothing'}"], tmp_path / "run")
+    assert_refused(done, "model.hf_assets_path", tmp_path / "run")
 
 
 def test_hf_model_config_json_malformed(tmp_path):
     model = _write(tmp_path / "hf" / "config.json", '{"architectures": ["Qwen3ForCausalLM"],\n "vocab_size": }').parent
-    code, stderr = run_in_process(["backend=hf_v5", f"model.hf_model={model}"], tmp_path / "run")
-    assert_refused(code, stderr, "config.json, line 2, column 16", tmp_path / "run")
+    done = command_in_process(["backend=hf_v5", f"model.hf_model={model}"], tmp_path / "run")
+    assert_refused(done, "config.json, line 2, column 16", tmp_path / "run")
 
 
 def test_run_directory_that_cannot_be_created(tmp_path):
     blocker = _write(tmp_path / "a-file", "not a directory")
-    code, stderr = run_in_process([], blocker / "run")
-    assert_refused(code, stderr, "hydra.run.dir", blocker / "run")
-    assert f"'{blocker}' is a file, not a directory" in stderr
+    done = command_in_process([], blocker / "run")
+    assert_refused(done, "hydra.run.dir", blocker / "run")
+    assert f"'{blocker}' is a file, not a directory" in done.stderr
     assert blocker.read_text() == "not a directory"
 
 
 def test_warm_up_longer_than_the_run_is_refused_when_given(tmp_path):
-    code, stderr = run_in_process(["training.steps=3", "optimizer.warmup_steps=4"], tmp_path / "run")
-    assert_refused(code, stderr, "optimizer.warmup_steps: must be <= training.steps (3), got 4", tmp_path / "run")
+    done = command_in_process(["training.steps=3", "optimizer.warmup_steps=4"], tmp_path / "run")
+    assert_refused(done, "optimizer.warmup_steps: must be <= training.steps (3), got 4", tmp_path / "run")
 
 
 # Two or more problems in one command: every one is reported, one paragraph each (key, what is
@@ -385,27 +387,27 @@ ALL_AT_ONCE_CASES = {
 @pytest.mark.parametrize("case", list(ALL_AT_ONCE_CASES), ids=list(ALL_AT_ONCE_CASES))
 def test_every_problem_of_a_command_at_once(case, tmp_path):
     args, named = ALL_AT_ONCE_CASES[case]
-    code, stderr = run_in_process(args, tmp_path / "run")
+    done = command_in_process(args, tmp_path / "run")
     for needle in named:
-        assert_refused(code, stderr, needle, tmp_path / "run")
-    assert f"error: {len(named)} problems with this command:" in stderr
-    paragraphs = [p for p in stderr.split("\n\n")[1:] if p.strip() and not p.startswith("(set")]
-    assert len(paragraphs) == len(named), stderr
+        assert_refused(done, needle, tmp_path / "run")
+    assert f"error: {len(named)} problems with this command:" in done.stderr
+    paragraphs = [p for p in done.stderr.split("\n\n")[1:] if p.strip() and not p.startswith("(set")]
+    assert len(paragraphs) == len(named), done.stderr
 
 
 def test_resume_from_without_a_complete_checkpoint(tmp_path):
     old = tmp_path / "old"
     (old / "checkpoint" / "step-4").mkdir(parents=True)
     (old / "checkpoint" / "step-4" / "__0_0.distcp").write_bytes(b"partial")
-    code, stderr = run_in_process([f"checkpoint.resume_from={old}"], tmp_path / "run")
-    assert_refused(code, stderr, "step-4 has no .metadata", tmp_path / "run")
-    code, stderr = run_in_process([f"checkpoint.resume_from={old / 'checkpoint' / 'step-4'}"], tmp_path / "run")
-    assert_refused(code, stderr, "is incomplete", tmp_path / "run")
+    done = command_in_process([f"checkpoint.resume_from={old}"], tmp_path / "run")
+    assert_refused(done, "step-4 has no .metadata", tmp_path / "run")
+    done = command_in_process([f"checkpoint.resume_from={old / 'checkpoint' / 'step-4'}"], tmp_path / "run")
+    assert_refused(done, "is incomplete", tmp_path / "run")
     (tmp_path / "empty").mkdir()
-    code, stderr = run_in_process([f"checkpoint.resume_from={tmp_path / 'empty'}"], tmp_path / "run")
-    assert_refused(code, stderr, "holds no step-N checkpoint", tmp_path / "run")
-    code, stderr = run_in_process([f"checkpoint.resume_from={tmp_path / 'never'}"], tmp_path / "run")
-    assert_refused(code, stderr, f"checkpoint.resume_from: '{tmp_path / 'never'}' does not exist; pass a run directory", tmp_path / "run")
+    done = command_in_process([f"checkpoint.resume_from={tmp_path / 'empty'}"], tmp_path / "run")
+    assert_refused(done, "holds no step-N checkpoint", tmp_path / "run")
+    done = command_in_process([f"checkpoint.resume_from={tmp_path / 'never'}"], tmp_path / "run")
+    assert_refused(done, f"checkpoint.resume_from: '{tmp_path / 'never'}' does not exist; pass a run directory", tmp_path / "run")
 
 
 def test_relative_paths_resolve_against_the_working_directory(tmp_path, monkeypatch):
@@ -413,10 +415,10 @@ def test_relative_paths_resolve_against_the_working_directory(tmp_path, monkeypa
     the absolute path it looked at)."""
     monkeypatch.chdir(tmp_path)
     _write(tmp_path / "corpus" / "body.jsonl", _jsonl([{"body": "x"}] * 2))
-    code, stderr = run_in_process(["data=files", "data.path=corpus/body.jsonl"], tmp_path / "run")
-    assert_refused(code, stderr, f"{tmp_path}/corpus/body.jsonl", tmp_path / "run")
-    code, stderr = run_in_process(["checkpoint.resume_from=runs/old"], tmp_path / "run")
-    assert_refused(code, stderr, f"{tmp_path}/runs/old", tmp_path / "run")
+    done = command_in_process(["data=files", "data.path=corpus/body.jsonl"], tmp_path / "run")
+    assert_refused(done, f"{tmp_path}/corpus/body.jsonl", tmp_path / "run")
+    done = command_in_process(["checkpoint.resume_from=runs/old"], tmp_path / "run")
+    assert_refused(done, f"{tmp_path}/runs/old", tmp_path / "run")
 
 
 COMPOSITION_CASES = {
@@ -433,9 +435,9 @@ COMPOSITION_CASES = {
 @pytest.mark.parametrize("case", list(COMPOSITION_CASES), ids=list(COMPOSITION_CASES))
 def test_composition_error(case, tmp_path):
     args, named = COMPOSITION_CASES[case]
-    code, stderr = run_in_process(args, tmp_path / "run")
+    done = command_in_process(args, tmp_path / "run")
     for needle in named:
-        assert_refused(code, stderr, needle, tmp_path / "run")
+        assert_refused(done, needle, tmp_path / "run")
 
 
 def test_composition_errors_keep_the_library_message_without_reading_it():

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from qwen3_trn.common.allocator import HOST_ALLOCATOR_ENV, tcmalloc_library
-from tests.conftest import REPO, cli_env, run_in_process
+from tests.commands import cli_env, command_in_process
+from tests.conftest import REPO
 
 # Optionally restarts under tcmalloc (as `python -m qwen3_trn` does first), then (with "allocate")
 # allocates and frees a 256 MiB tensor six times, as steps of a training loop do, and prints
@@ -94,9 +95,8 @@ def test_the_command_restarts_once_under_tcmalloc_which_reuses_large_buffers():
     assert _steady("restart", {HOST_ALLOCATOR_ENV: "glibc"}, allocate=False)[:2] == (False, 1)
 
 
-def test_an_unknown_host_allocator_is_refused_before_anything_starts(tmp_path, monkeypatch):
-    monkeypatch.setenv(HOST_ALLOCATOR_ENV, "jemalloc")
-    code, stderr = run_in_process([], tmp_path / "run")
-    assert code == 2 and "Traceback" not in stderr
-    assert f"{HOST_ALLOCATOR_ENV}: 'jemalloc' is not one of auto, glibc, system" in stderr
+def test_an_unknown_host_allocator_is_refused_before_anything_starts(tmp_path):
+    done = command_in_process([], tmp_path / "run", env={HOST_ALLOCATOR_ENV: "jemalloc"})
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"{HOST_ALLOCATOR_ENV}: 'jemalloc' is not one of auto, glibc, system" in done.stderr
     assert not (tmp_path / "run").exists()

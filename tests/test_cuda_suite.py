@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, run_in_process
+from tests.commands import command_in_process
+from tests.conftest import REPO
 
 SUITE = [sys.executable, str(REPO / "benchmarks" / "cuda_suite.py")]
 
@@ -79,6 +80,6 @@ def test_every_case_passes_the_projects_validation_as_a_cuda_plan(tmp_path):
     suite = _suite_module()
     for case in suite.CASES:
         run_dir = tmp_path / case.name
-        code, stderr = run_in_process(suite.case_overrides(case, ["mode=plan"]), run_dir)
-        assert code == 0, (case.name, stderr[-3000:])
+        done = command_in_process(suite.case_overrides(case, ["mode=plan"]), run_dir)
+        assert done.returncode == 0, (case.name, done.stderr[-3000:])
         _assert_cuda_plan(run_dir, case.name)

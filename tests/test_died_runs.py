@@ -6,20 +6,23 @@ killed sweep, shared by the module's tests."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import os
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from qwen3_trn import status
 from qwen3_trn.launch.slurm.state import status_of
 from qwen3_trn.results.processes import is_gone, this_process, where
-from tests.conftest import REPO, cli_env, read_summary
+from qwen3_trn.results.records import read_manifest, read_metrics, read_summary
+from tests.commands import command_in_subprocess, start_command
 from tests.test_reliability import session_processes, steps_logged, wait_for
 
 STEPS = 40
@@ -36,21 +39,20 @@ ARGS = [
 ]
 
 
-def _sweep(sweep_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "qwen3_trn", *ARGS, f"hydra.sweep.dir={sweep_dir}"]
-
-
 def _status(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "qwen3_trn.status", *args], cwd=REPO, env=cli_env(), capture_output=True, text=True)
+    """``python -m qwen3_trn.status ARGS`` through its ``main`` in this process (as a real
+    process: tests/test_launcher_slurm.py)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = status.main(list(args))
+    return subprocess.CompletedProcess(args, code, out.getvalue(), "")
 
 
 @pytest.fixture(scope="module")
 def killed_sweep(tmp_path_factory) -> Path:
     """A sweep SIGKILLed while its first job trains: (sweep dir, steps logged when killed)."""
     sweep_dir = tmp_path_factory.mktemp("died") / "sweep"
-    sweep = subprocess.Popen(
-        _sweep(sweep_dir), cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    sweep = start_command([*ARGS, f"hydra.sweep.dir={sweep_dir}"])
     wait_for(lambda: steps_logged(sweep_dir / "0") >= 2, 300, "two steps", sweep)
     assert len(session_processes(sweep.pid)) >= 3  # the launcher and its 2 ranks
     os.kill(sweep.pid, signal.SIGKILL)
@@ -63,7 +65,7 @@ def killed_sweep(tmp_path_factory) -> Path:
 def test_a_killed_run_reads_as_died_with_its_last_step(killed_sweep):
     run_dir = killed_sweep / "0"
     assert read_summary(run_dir)["status"] == "running"  # as the kill left it
-    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["step"]
+    last = read_metrics(run_dir)[-1]["step"]
 
     shown = _status("--json", str(run_dir))
     assert shown.returncode == 1, shown.stderr
@@ -81,15 +83,15 @@ def test_a_killed_sweep_job_reads_as_died_in_status_report_and_resume(killed_swe
     shown = _status("--json", str(killed_sweep))
     assert shown.returncode == 1, shown.stderr
     assert [(row["num"], row["status"]) for row in json.loads(shown.stdout)] == [(0, "died")]
-    manifest = json.loads((killed_sweep / "manifest.json").read_text())
+    manifest = read_manifest(killed_sweep)
     assert manifest["counts"]["died"] == 1 and manifest["complete"], manifest["counts"]
     with open(killed_sweep / "report.csv") as f:
         assert [row["status"] for row in csv.DictReader(f)] == ["died"]
 
-    rerun = subprocess.run(_sweep(killed_sweep), cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
+    rerun = command_in_subprocess([*ARGS, f"hydra.sweep.dir={killed_sweep}"], timeout=900)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "#0 died earlier: runs again" in rerun.stdout, rerun.stdout[-3000:]
-    manifest = json.loads((killed_sweep / "manifest.json").read_text())
+    manifest = read_manifest(killed_sweep)
     assert [job["status"] for job in manifest["jobs"]] == ["completed", "completed"]
     assert read_summary(killed_sweep / "previous-attempts" / "0-1")["status"] == "died"
 

@@ -16,9 +16,9 @@ whose other lines show the command's output. An HTML comment on the line right b
   checkpoints and a Hugging Face export), ``outputs/sweeps/<date>/<time>`` (a sweep) and
   ``my_corpus/`` (a folder of JSON lines with a ``body`` column).
 
-Every other command runs and must exit 0: ``python -m qwen3_trn ARGS`` in this process
-(``in_process``, through the session's ``shared_run``, whose runs tests/test_training.py reads
-too; a ``-m`` sweep through the command's entry point, ``command_in_process``),
+Every other command runs and must exit 0: ``python -m qwen3_trn ARGS`` through the command's
+entry point in this process (``command_in_process``; a run through the session's ``shared_run``,
+whose runs tests/test_training.py reads too),
 ``python -m qwen3_trn.<module> ARGS`` through the module's ``main(ARGS)``, and
 ``pip install -e SPEC && REST`` as REST, once this checkout is seen to be the installed package.
 A command of any other form, or with an unfilled ``<placeholder>``, fails the test: mark it.
@@ -43,7 +43,8 @@ from pathlib import Path
 import pytest
 
 from qwen3_trn.data.embedded import corpus_path
-from tests.conftest import OFFLINE, REPO, SharedRun, command_in_process, compose_config
+from tests.commands import command_in_process
+from tests.conftest import REPO, SharedRun, compose_config
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "launchers" / "slurm" / "README.md"]
 SHELL = {"bash", "sh", "shell"}
@@ -184,7 +185,7 @@ class Runner:
         if argv[:3] == ["python", "-m", "qwen3_trn"] and "-m" in argv[3:]:
             args = [a for a in argv[3:] if a != "-m"]
             with contextlib.chdir(self.root):
-                done = command_in_process(["-m", *args, f"hydra.sweep.dir={where}"], env=OFFLINE)
+                done = command_in_process(["-m", *args, f"hydra.sweep.dir={where}"])
             return Result(done.returncode, done.stdout + done.stderr, where)
         if argv[:3] == ["python", "-m", "qwen3_trn"]:
             with contextlib.chdir(self.root):  # relative paths in a command resolve here

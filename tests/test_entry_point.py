@@ -11,16 +11,13 @@ only a fresh process shows.
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import io
 import subprocess
 import sys
 
 import pytest
 import yaml
 
-from tests.conftest import REPO, cli_env
+from tests.commands import REPO, cli_env, command_in_process
 
 FLAGS = {
     "cfg-job": (["--cfg", "job"], "output_dir"),
@@ -33,33 +30,12 @@ FLAGS = {
 }
 
 
-@pytest.fixture
-def entry(monkeypatch):
-    """The command's entry point, imported with the system allocator chosen (importing it may
-    otherwise restart the process under tcmalloc), and each call with a fresh environment."""
-    monkeypatch.setenv("QWEN3_TRN_HOST_ALLOCATOR", "system")
-    for name in ("HYDRA_FULL_ERROR", "QWEN3_TRN_TRACEBACK"):
-        monkeypatch.delenv(name, raising=False)
-    return importlib.import_module("qwen3_trn.__main__")
-
-
-def call(entry, monkeypatch, args: list[str]) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["qwen3_trn", *args])
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            entry.main()
-            code = 0
-        except SystemExit as exc:
-            code = exc.code or 0
-    return code, out.getvalue(), err.getvalue()
-
-
 @pytest.mark.parametrize("case", list(FLAGS), ids=list(FLAGS))
-def test_cfg_prints_the_config(case, entry, monkeypatch, tmp_path):
+def test_cfg_prints_the_config(case, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     args, top_key = FLAGS[case]
-    code, out, err = call(entry, monkeypatch, args)
+    done = command_in_process(args)
+    code, out, err = done.returncode, done.stdout, done.stderr
     assert code == 0, err[-3000:]
     printed = yaml.safe_load(out)
     assert top_key in printed, out[:2000]
@@ -80,28 +56,31 @@ def test_cfg_prints_the_config(case, entry, monkeypatch, tmp_path):
     ],
     ids=["info", "help", "hydra-help"],
 )
-def test_info_and_help(args, needles, entry, monkeypatch, tmp_path):
+def test_info_and_help(args, needles, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    code, out, err = call(entry, monkeypatch, args)
+    done = command_in_process(args)
+    code, out, err = done.returncode, done.stdout, done.stderr
     assert code == 0, err[-3000:]
     for needle in needles:
         assert needle in out, out[:3000]
     assert not list(tmp_path.iterdir())
 
 
-def test_cfg_of_a_bad_command_is_bad_input(entry, monkeypatch, tmp_path):
+def test_cfg_of_a_bad_command_is_bad_input(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    code, out, err = call(entry, monkeypatch, ["--cfg", "job", "model=nonexistent"])
+    done = command_in_process(["--cfg", "job", "model=nonexistent"])
+    code, err = done.returncode, done.stderr
     assert code == 2 and "Traceback" not in err and "model" in err, err[-3000:]
 
 
 @pytest.mark.parametrize("multirun", [False, True], ids=["run", "sweep"])
-def test_output_directory_that_cannot_be_created(multirun, entry, monkeypatch, tmp_path):
+def test_output_directory_that_cannot_be_created(multirun, monkeypatch, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     args = ["-m", "training.seed=1,2"] if multirun else []
-    code, out, err = call(entry, monkeypatch, [*args, f"{key}={blocker}/out"])
+    done = command_in_process([*args, f"{key}={blocker}/out"])
+    code, err = done.returncode, done.stderr
     assert code == 2, err[-3000:]
     assert err.startswith(f"error: {key}: '{blocker}/out' cannot be created: '{blocker}' is a file, not a directory")
     assert "Traceback" not in err and blocker.read_text() == "not a directory"

@@ -16,7 +16,8 @@ from qwen3_trn.app import execute, to_run_config
 from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.config.ranges import all_ranges
 from qwen3_trn.config.store import SWEEPER_SCHEMAS
-from tests.conftest import command_in_process, compose_config, run_cli, run_in_process
+from tests.commands import command_in_process, command_in_subprocess
+from tests.conftest import command_in_process, compose_config
 
 
 @pytest.mark.parametrize(
@@ -81,9 +82,7 @@ def _binary_data_file(tmp_path):
 
 # One command line for each kind of bad input: Hydra's composition, a project check, the config
 # files, the data, the override syntax. The first runs as a real ``python -m qwen3_trn`` process,
-# the others through the same entry point in this process (``command_in_process``: Hydra's
-# argument handling, the app's exit-status contract). The rest take the command's path
-# in-process (``run_in_process``: Hydra's compose, the app's task function).
+# the others through the same entry point in this process (``command_in_process``).
 CLI_CASES = [
     (["model=nonexistent"], "error: model: "),
     (["model=tiny_moe", "model.top_k=16"], "model.top_k"),
@@ -91,8 +90,6 @@ CLI_CASES = [
     (_config_dir_shadowing_the_packaged_config, "has the name of the packaged conf/config.yaml"),
     (_binary_data_file, "blob.jsonl.gz is not text"),
     (["training.seq_len=[32"], "training.seq_len: cannot parse the override"),
-]
-IN_PROCESS_CASES = [
     (["model.n_layerz=2"], "model.n_layerz"),
     (["training.steps=many"], "training.steps"),
     (["+training.foo=1"], "training.foo"),
@@ -104,23 +101,13 @@ IN_PROCESS_CASES = [
 def test_cli_reports_errors_without_traceback(args, needle, tmp_path):
     """Exit status 2 from ``python -m qwen3_trn`` for Hydra's composition errors and the
     project's own checks alike; the run directory Hydra creates first is removed again."""
-    real_process = args is CLI_CASES[0][0]
+    run = command_in_subprocess if args is CLI_CASES[0][0] else command_in_process
     args = args(tmp_path) if callable(args) else args
     run_dir = tmp_path / "runs" / "run"
-    result = run_cli(args, run_dir, timeout=300) if real_process else command_in_process([*args, f"hydra.run.dir={run_dir}"])
+    result = run(args, run_dir)
     assert result.returncode == 2, result.stderr[-3000:]
     assert needle in result.stderr
     assert "Traceback" not in result.stderr
-    assert not run_dir.exists()
-
-
-@pytest.mark.parametrize("args,needle", IN_PROCESS_CASES)
-def test_command_path_reports_errors_without_traceback(args, needle, tmp_path):
-    run_dir = tmp_path / "runs" / "run"
-    code, stderr = run_in_process(args, run_dir)
-    assert code == 2, stderr[-3000:]
-    assert needle in stderr
-    assert "Traceback" not in stderr
     assert not run_dir.exists()
 
 

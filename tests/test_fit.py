@@ -10,13 +10,14 @@ import pytest
 from qwen3_trn.app import to_run_config
 from qwen3_trn.backends.base import flavor_architecture
 from qwen3_trn.common.errors import ConfigError
-from qwen3_trn.results.records import CACHE_ENV
+from qwen3_trn.results.records import CACHE_ENV, read_summary
 from qwen3_trn.run.fit import probe
 from qwen3_trn.run.fit.counts import count
 from qwen3_trn.run.fit.memory import GIB
 from qwen3_trn.run.fit.tracked import isolated, rank0_parameters, trainer_flops_per_token
 from qwen3_trn.run.preflight import prepare
-from tests.conftest import CONF, command_in_process, compose_config, in_process, read_summary
+from tests.commands import command_in_process
+from tests.conftest import CONF, command_in_process, compose_config
 
 # Qwen3 model cards (huggingface.co/Qwen/Qwen3-<size>): "Number of Parameters" (embeddings
 # included, a tied embedding counted once), "Number of Parameters (Non-Embedding)" (without the
@@ -68,7 +69,7 @@ def test_flops_per_token_is_the_count_torchtitan_trainer_uses(preset):
 
 
 def test_plan_prints_the_fit_table_and_records_it_in_plan_json(run_dir):
-    result = in_process(["mode=plan", "logger=none"], run_dir)
+    result = command_in_process(["mode=plan", "logger=none"], run_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     section = result.stdout.split("== Memory and compute per rank (will it fit?) ==")[1].split("==")[0]
     for column in ("params", "grads", "optimizer", "activations", "total"):
@@ -117,9 +118,9 @@ def test_cpu_ranks_share_the_host_memory():
 @pytest.mark.slow
 def test_fit_check_false_starts_a_run_the_estimate_refuses(run_dir, tmp_path):
     small = ["model=tiny", "device.memory_gib=0.5", "training.steps=2", "optimizer.warmup_steps=1", "logger=none"]
-    refused = in_process(small, tmp_path / "refused")
+    refused = command_in_process(small, tmp_path / "refused")
     assert refused.returncode == 2 and "error: fit:" in refused.stderr and "Traceback" not in refused.stderr
-    result = in_process([*small, "fit.check=false"], run_dir)
+    result = command_in_process([*small, "fit.check=false"], run_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["fit"]["fits"] is False

@@ -21,19 +21,18 @@ from hydra.errors import ConfigCompositionException
 from qwen3_trn.app import execute
 from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.hf.checkpoint import checkpoint_shapes, expected_shapes
+from qwen3_trn.results.records import read_summary
 from qwen3_trn.verify import verify_export
+from tests.commands import command_in_process
 from tests.conftest import (
     HF_EXPORT_STEPS,
     HF_EXPORT_TRAINING,
     HF_V5_DENSE,
     NATIVE_DENSE,
-    OFFLINE,
     REPO,
     assert_trained,
     compose_config,
     hf_export_run,
-    in_process,
-    read_summary,
 )
 from tests.hf_checkpoints import read_config
 
@@ -97,7 +96,7 @@ def test_hf_export_loads_generates_and_matches_torchtitan(overrides, architectur
 def test_bfloat16_export_without_checkpoints(tmp_path):
     """checkpoint=hf_export alone writes no DCP checkpoint; export_dtype sets the stored dtype."""
     run_dir = tmp_path / "run"
-    result = in_process(["checkpoint=hf_export", "checkpoint.export_dtype=bfloat16", *HF_EXPORT_TRAINING], run_dir, env=OFFLINE)
+    result = command_in_process(["checkpoint=hf_export", "checkpoint.export_dtype=bfloat16", *HF_EXPORT_TRAINING], run_dir)
     assert_trained(result, run_dir, steps=HF_EXPORT_STEPS)
     export = run_dir / "hf" / f"step-{HF_EXPORT_STEPS}"
     assert not (run_dir / "checkpoint").exists()
@@ -136,7 +135,7 @@ def test_tie_embeddings_override_reaches_the_export(overrides, tied, tmp_path):
     """model.tie_embeddings flips the flavor's tying: the exported config.json says so, the stored
     tensors follow, and transformers' model loaded from the folder matches torchtitan's."""
     run_dir = tmp_path / "run"
-    result = in_process(["checkpoint=hf_export", "checkpoint.enable=true", *overrides, *HF_EXPORT_TRAINING], run_dir, env=OFFLINE)
+    result = command_in_process(["checkpoint=hf_export", "checkpoint.enable=true", *overrides, *HF_EXPORT_TRAINING], run_dir)
     assert_trained(result, run_dir, steps=HF_EXPORT_STEPS)
     export = run_dir / "hf" / f"step-{HF_EXPORT_STEPS}"
     assert read_config(export)["tie_word_embeddings"] is tied

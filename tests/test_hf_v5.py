@@ -14,18 +14,16 @@ import torch
 
 from qwen3_trn.app import execute, to_run_config
 from qwen3_trn.common.errors import ConfigError
+from qwen3_trn.results.records import read_metrics, read_summary
+from tests.commands import OFFLINE, cli_env, command_in_process
 from tests.conftest import (
     HF_EXPORT_STEPS,
     HF_V5_DENSE,
     NATIVE_DENSE,
-    OFFLINE,
     REPO,
     assert_trained,
     compose_config,
     hf_export_run,
-    in_process,
-    read_metrics,
-    read_summary,
 )
 from tests.hf_checkpoints import DENSE, MOE, make_random_hf_checkpoint, read_config
 
@@ -53,7 +51,6 @@ def _python(code: str, *args: str, timeout: float = 300) -> subprocess.Completed
     """Run ``code`` in a fresh interpreter. Transformers reference models are loaded there:
     building torchtitan's HFTransformerModel monkeypatches transformers' weight init for the
     rest of a process (see qwen3_trn.hf.reference.in_clean_process)."""
-    import os
 
     return subprocess.run(
         [sys.executable, "-c", code, *args],
@@ -61,7 +58,7 @@ def _python(code: str, *args: str, timeout: float = 300) -> subprocess.Completed
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, **OFFLINE},
+        env=cli_env(),
     )
 
 
@@ -132,7 +129,7 @@ def test_finetune_from_hf_weights_loads_them_before_step_one(dense_run, tmp_path
     first_dir, first = dense_run
     export = first_dir / "hf" / f"step-{HF_EXPORT_STEPS}"
     run_dir = tmp_path / "run"
-    result = in_process(
+    result = command_in_process(
         [
             "backend=hf_v5",
             "model=0.6B",
@@ -144,7 +141,6 @@ def test_finetune_from_hf_weights_loads_them_before_step_one(dense_run, tmp_path
             "training.steps=2",
         ],
         run_dir,
-        env=OFFLINE,
     )
     records = assert_trained(result, run_dir, steps=2)
     # the same first batch, now seen by the trained weights: clearly lower than at init
@@ -175,7 +171,7 @@ def test_loss_parity_with_native(dense_run, shared_run):
 @pytest.mark.slow
 def test_moe_hf_v5_trains_and_exports_standard_qwen3_moe(tmp_path):
     run_dir = tmp_path / "run"
-    result = in_process(
+    result = command_in_process(
         [
             "backend=hf_v5",
             "model=tiny_moe",
@@ -187,7 +183,6 @@ def test_moe_hf_v5_trains_and_exports_standard_qwen3_moe(tmp_path):
             *TINY_RUN,
         ],
         run_dir,
-        env=OFFLINE,
     )
     records = assert_trained(result, run_dir, steps=4)
     # the fourth training batch of the seed's document order scores above the first; the

@@ -34,6 +34,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from qwen3_trn.results.records import read_metrics
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -241,5 +242,5 @@ def test_the_command_trains_on_the_fork(neuron_venv, tmp_path):
     assert f"torchtitan: {FORK_VERSION}\n" in plan.stdout
     assert "off here: chunked loss: " in plan.stdout
     run([python, "-m", "qwen3_trn", "debug=smoke", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
-    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    losses = [record["loss"] for record in read_metrics(tmp_path / "run") if "loss" in record]
     assert len(losses) == 3 and losses[-1] < losses[0]

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 from qwen3_trn.common.errors import ConfigError
-from qwen3_trn.results.records import read_json
-from tests.conftest import REPO, command_in_process, compose_config, read_metrics, read_summary, run_cli
+from qwen3_trn.results.records import read_job_record, read_json, read_manifest, read_metrics, read_summary
+from tests.commands import command_in_process, command_in_subprocess
+from tests.conftest import REPO, command_in_process, compose_config
 from tests.secret_values import SECRETS_IN_ENV, SECRETS_IN_LAUNCHER_ENV, files_with_secrets, process_cmdline, process_env, secret_args
 from tests.slurm_cluster import SlurmCluster, slurm_cluster, slurm_env, wait_for_state  # noqa: F401
 
@@ -170,7 +171,7 @@ def test_plan_of_a_sweep_shows_each_job_and_its_submission(tmp_path: Path):
         ]
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    manifest = json.loads((sweep / "manifest.json").read_text())
+    manifest = read_manifest(sweep)
     assert manifest["counts"]["planned"] == 2 and manifest["counts"]["total"] == 2
     plans = (sweep / "plan.txt").read_text().split("=== job #")[1:]  # after the table, each job's plan
     for num, seed in ((0, 1), (1, 2)):
@@ -242,7 +243,7 @@ def test_two_job_multirun_on_slurm(slurm_cluster: SlurmCluster, tmp_path: Path):
         env={**slurm_cluster.env, **SECRETS_IN_ENV},
     )
     assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
-    manifest = json.loads((sweep / "manifest.json").read_text())
+    manifest = read_manifest(sweep)
     assert manifest["counts"]["completed"] == 2 and manifest["complete"] is True, result.stdout[-3000:] + result.stderr[-3000:]
     job_ids = set()
     for num in (0, 1):
@@ -256,7 +257,7 @@ def test_two_job_multirun_on_slurm(slurm_cluster: SlurmCluster, tmp_path: Path):
         # one Slurm job per sweep job, its logs and states in the manifest
         job = manifest["jobs"][num]
         assert job["status"] == "completed" and job["job"]["id"] == slurm["id"] and job["log"] == slurm["stdout"]
-        assert json.loads((run_dir / "job.json").read_text())["status"] == "completed"
+        assert read_job_record(run_dir)["status"] == "completed"
         assert "Job completed successfully" in _job_log(run_dir)
         # launcher.env reaches the job; the script is what plan mode renders
         submitted = Path(slurm["submission_file"]).read_text()
@@ -319,19 +320,19 @@ def test_scancel_shows_cancelled_in_the_sweep_manifest(slurm_cluster: SlurmClust
 
     status = _status_cli(str(sweep), env=slurm_cluster.env)
     assert status.returncode == 1, status.stdout + status.stderr  # a cancelled job
-    manifest = json.loads((sweep / "manifest.json").read_text())
+    manifest = read_manifest(sweep)
     jobs = manifest["jobs"]
     assert jobs[0]["status"] == "cancelled" and jobs[0]["job"]["state"] == "CANCELLED"
     assert jobs[1]["status"] in ("pending", "running"), jobs[1]
     assert manifest["complete"] is False and manifest["counts"]["cancelled"] == 1
     assert f"#0 cancelled  job {first}" in status.stdout
-    assert json.loads((sweep / "0" / "job.json").read_text())["status"] == "cancelled"
+    assert read_job_record(sweep / "0")["status"] == "cancelled"
 
     slurm_cluster.run("scancel", second)
     wait_for_state(second, "CANCELLED", timeout=30)
     status = _status_cli(str(sweep), "--json", env=slurm_cluster.env)
     assert [row["status"] for row in json.loads(status.stdout)] == ["cancelled", "cancelled"]
-    assert json.loads((sweep / "manifest.json").read_text())["complete"] is True
+    assert read_manifest(sweep)["complete"] is True
 
 
 @needs_submitit
@@ -406,7 +407,7 @@ def test_secrets_reach_the_job_through_its_environment_not_a_file(slurm_cluster:
     the job's processes have them (launcher.env's, through sbatch's environment), no file of the
     run directory (config, sbatch script, Slurm logs, wandb run) holds them."""
     run_dir = tmp_path / "run"
-    result = run_cli(
+    result = command_in_subprocess(
         [*SLURM, *TINY, "logger=wandb", "training.steps=3", *secret_args()],
         run_dir,
         timeout=300,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import read_metrics, read_summary
+from qwen3_trn.results.records import read_metrics, read_summary
 from tests.node_agents import head_node
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,8 @@ from qwen3_trn.backends.hf_v5 import SDPA_ATTENTION, HfV5Backend
 from qwen3_trn.config.typed import to_run_config
 from qwen3_trn.devices import planned_device
 from qwen3_trn.kernels import moe as moe_kernels
-from tests.conftest import assert_trained, compose_config, in_process
+from tests.commands import command_in_process
+from tests.conftest import assert_trained, compose_config
 
 
 def validate_offs(offs: torch.Tensor, t: int, align: int) -> None:
@@ -107,7 +108,7 @@ def test_moe_training_step_passes_neurons_grouped_mm_checks(backend, tmp_path, m
     run_dir = tmp_path / "run"
     args = [f"backend={backend}", "model=tiny_moe", "logger=none", "validation.enable=false", "training.steps=1", "training.seq_len=64"]
     with NeuronGroupedMM(NEURON_ALIGNMENT) as neuron:
-        result = in_process([*args, "optimizer.warmup_steps=1"], run_dir)
+        result = command_in_process([*args, "optimizer.warmup_steps=1"], run_dir)
     assert_trained(result, run_dir, steps=1)
     assert neuron.seen.get((2, 3)) and neuron.seen.get((2, 2)), neuron.seen
 
@@ -115,7 +116,7 @@ def test_moe_training_step_passes_neurons_grouped_mm_checks(backend, tmp_path, m
 @pytest.mark.parametrize("backend", ["native", "hf_v5"])
 def test_plan_for_trainium_says_how_moe_token_groups_are_aligned(backend, run_dir):
     args = ["mode=plan", "device=neuron", f"backend={backend}", "model=30B-A3B", "model.n_layers=2", "launcher.nproc_per_node=64"]
-    result = in_process([*args, "parallelism=auto", "logger=none"], run_dir)
+    result = command_in_process([*args, "parallelism=auto", "logger=none"], run_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     backend_section = result.stdout.split("== Backend ==")[1].split("==")[0]
     assert "moe_token_groups: each expert's rows padded to a multiple of 128" in backend_section

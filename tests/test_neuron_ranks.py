@@ -29,7 +29,7 @@ import torchtitan.tools.utils as titan_utils
 from qwen3_trn import devices
 from qwen3_trn.devices import DeviceSpec, neuron
 from qwen3_trn.launch.packing import SLICE_BINDERS
-from tests.conftest import in_process
+from tests.commands import command_in_process
 
 TRN2_CORES = 64
 
@@ -121,7 +121,7 @@ def test_a_packed_neuron_job_is_refused_before_any_rank_unless_one_rank_on_one_c
     cores = DeviceSpec(type="neuron", count=8, default_attention="sdpa", visible_devices_env="NEURON_RT_VISIBLE_CORES")
     monkeypatch.setitem(devices.DEVICES, "neuron", lambda: cores)
     args = ["device=neuron", f"launcher.devices_per_job={devices_per_job}", f"launcher.nproc_per_node={nproc}", "logger=none"]
-    result = in_process([*args, "mode=plan", "model=debugmodel"], tmp_path / "run")
+    result = command_in_process([*args, "mode=plan", "model=debugmodel"], tmp_path / "run")
     if devices_per_job == 1:
         assert result.returncode == 0, result.stderr[-2000:]
         return

@@ -8,7 +8,6 @@ torch.compile itself (backend ``eager``: the Neuron backend is not here).
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import types
@@ -19,7 +18,8 @@ import torch._dynamo
 
 from qwen3_trn import devices
 from qwen3_trn.devices import neuron
-from tests.conftest import command_in_process, in_process
+from qwen3_trn.results.records import read_manifest
+from tests.commands import command_in_process
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_a_sweep_shares_one_neff_cache_and_a_given_one_is_kept(tmp_path):
     args = ["-m", "mode=plan", "device=neuron", "experiment=trn2_48xlarge", "model=8B", "training.seq_len=128,256"]
     result = command_in_process([*args, f"hydra.sweep.dir={sweep}"])
     assert result.returncode == 0, result.stderr[-3000:]
-    jobs = json.loads((sweep / "manifest.json").read_text())["jobs"]
+    jobs = read_manifest(sweep)["jobs"]
     assert len(jobs) == 2 and all(f"TORCH_NEURONX_NEFF_CACHE_DIR={sweep}/neff_cache " in job["plan"]["submission"] for job in jobs)
     given = ["mode=plan", "device=neuron", "+launcher.env.TORCH_NEURONX_NEFF_CACHE_DIR=/fsx/neff", f"hydra.run.dir={tmp_path / 'run'}"]
     assert "TORCH_NEURONX_NEFF_CACHE_DIR: /fsx/neff" in _config_after(given, tmp_path / "run")
@@ -93,7 +93,7 @@ def test_every_rank_of_a_job_gets_the_shared_cache_in_its_environment(tmp_path, 
     monkeypatch.setitem(devices.SHARED_RANK_ENV, "cpu", neuron.neff_cache_env)
     run_dir = tmp_path / "run"
     args = ["launcher.nproc_per_node=2", "logger=none", "validation.enable=false", "training.steps=1", "training.seq_len=32"]
-    result = in_process([*args, "optimizer.warmup_steps=1"], run_dir)
+    result = command_in_process([*args, "optimizer.warmup_steps=1"], run_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):
         placement = (run_dir / "logs" / f"rank{rank}.log").read_text()

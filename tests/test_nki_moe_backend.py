@@ -7,8 +7,10 @@ import pytest
 from qwen3_trn.app import execute, to_run_config
 from qwen3_trn.common.errors import ConfigError, NotApplicable
 from qwen3_trn.kernels import KernelGroupedExperts
+from qwen3_trn.results.records import read_summary
 from qwen3_trn.run.preflight import prepare
-from tests.conftest import FAST, assert_trained, compose_config, in_process, read_summary, run_cli
+from tests.commands import command_in_process, command_in_subprocess
+from tests.conftest import FAST, assert_trained, compose_config
 
 
 def test_seed_reduced_moe_swaps_every_expert_module(tmp_path):
@@ -44,7 +46,7 @@ def test_dense_model_does_not_apply(tmp_path):
 
 @pytest.mark.slow
 def test_nki_moe_trains_on_cpu_with_portable_kernel(run_dir):
-    result = in_process(["backend=nki_moe", "logger=none", *FAST], run_dir)
+    result = command_in_process(["backend=nki_moe", "logger=none", *FAST], run_dir)
     records = assert_trained(result, run_dir, steps=6)
     assert records[-1]["loss"] < records[0]["loss"] - 0.2, [r["loss"] for r in records]
     summary = read_summary(run_dir)
@@ -54,7 +56,7 @@ def test_nki_moe_trains_on_cpu_with_portable_kernel(run_dir):
 
 @pytest.mark.slow
 def test_nki_moe_compiles_with_inductor(run_dir):
-    result = run_cli(
+    result = command_in_subprocess(
         ["backend=nki_moe", "compile=inductor", "logger=none", "training.steps=3", "optimizer.warmup_steps=1", "training.seq_len=64"],
         run_dir,
         timeout=900,

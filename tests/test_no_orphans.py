@@ -17,7 +17,8 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, cli_env, read_summary
+from qwen3_trn.results.records import read_summary
+from tests.commands import REPO, cli_env, start_command
 from tests.test_reliability import session_processes, steps_logged, wait_for
 
 
@@ -32,13 +33,11 @@ def test_sigkill_of_the_launcher_ends_every_rank(tmp_path):
         "logger=none",
         "validation=off",
     ]
-    run = subprocess.Popen(
-        [sys.executable, "-m", "qwen3_trn", *args, f"hydra.run.dir={run_dir}"],
-        cwd=REPO,
-        env=cli_env(),
+    run = start_command(
+        args,
+        run_dir,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as nohup ... & runs it
     )
     wait_for(lambda: steps_logged(run_dir) >= 2, 300, "two steps", run)

@@ -11,7 +11,8 @@ import pytest
 
 from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.launch.packing import DeviceSlots
-from tests.conftest import run_cli
+from qwen3_trn.results.records import read_summary, run_dirs_under
+from tests.commands import command_in_subprocess
 
 
 def _hold(lock_dir: str, total: int, log: str, hold_s: float) -> None:
@@ -68,7 +69,7 @@ def test_more_devices_than_the_machine_has_is_refused(tmp_path):
 @pytest.mark.slow
 def test_packed_sweep_of_four_jobs_on_two_cores(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    result = run_cli(
+    result = command_in_subprocess(
         [
             "-m",
             "hydra/launcher=joblib",
@@ -93,5 +94,5 @@ def test_packed_sweep_of_four_jobs_on_two_cores(tmp_path):
             if _overlapping(a, b):
                 assert a["slots"] != b["slots"], "two running jobs shared a core"
     assert _max_concurrency(slices) <= 2
-    for run in sorted(sweep_dir.glob("*/summary.json")):
-        assert json.loads(run.read_text())["status"] == "completed"
+    for run_dir in run_dirs_under(sweep_dir):
+        assert read_summary(run_dir)["status"] == "completed"

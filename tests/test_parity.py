@@ -13,7 +13,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from qwen3_trn.compare import PARITY_JSON, PARITY_MD, Pair, compare_losses, main
-from tests.conftest import REPO, cli_env, offline_wandb_files, read_offline_wandb_run
+from qwen3_trn.results.records import read_summary
+from tests.commands import cli_env
+from tests.conftest import REPO, offline_wandb_files, read_offline_wandb_run
 
 SMOKE = ["debug=smoke", "validation=off"]
 
@@ -79,7 +81,7 @@ def test_moe_modes_agree_and_grouped_mm_is_bitwise(moe):
         assert pairs["nki_moe/grouped_mm"]["tolerance"] == 0.0
     for mode in ("hf_v5", "nki_moe/padded_bmm"):
         assert pairs[mode]["expected"].startswith("within tolerance") and pairs[mode]["tolerance"] > 0
-    summary = json.loads((Path(parity["run_dirs"]["nki_moe/padded_bmm"]) / "summary.json").read_text())
+    summary = read_summary(Path(parity["run_dirs"]["nki_moe/padded_bmm"]))
     assert summary["kernel"] == "padded_bmm"
 
 
@@ -123,7 +125,7 @@ def test_two_ranks_under_fsdp_agree(dense, tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     parity = read_parity(tmp_path / "out")
     for mode in ("native", "hf_v5"):
-        assert json.loads((Path(parity["run_dirs"][mode]) / "summary.json").read_text())["world_size"] == 2
+        assert read_summary(Path(parity["run_dirs"][mode]))["world_size"] == 2
 
 
 @pytest.mark.parametrize(
@@ -143,10 +145,12 @@ def test_a_bad_command_exits_2_naming_the_key(args, named, tmp_path, capsys):
     assert not (tmp_path / "out").exists()  # nothing ran
 
 
-def test_a_config_the_runs_refuse_exits_2(tmp_path):
-    done = parity_command(["training.steps=0"], tmp_path / "out")
-    assert done.returncode == 2
-    assert "training.steps" in done.stderr
+def test_a_config_the_runs_refuse_exits_2(tmp_path, capsys):
+    """Through the command's ``main`` in this process (as its own process: the fixtures above)."""
+    with pytest.raises(SystemExit) as exited:
+        main(["training.steps=0", "--out", str(tmp_path / "out")])
+    assert exited.value.code == 2
+    assert "training.steps" in capsys.readouterr().err
 
 
 def test_a_mode_that_logged_other_steps_or_nan_does_not_agree():

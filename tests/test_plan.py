@@ -7,13 +7,11 @@ import json
 
 import pytest
 
-from tests.conftest import command_in_process
+from tests.commands import command_in_process
 
 
 def test_plan_for_trainium_prints_world_torchrun_and_trainer_config(run_dir):
-    result = command_in_process(
-        ["mode=plan", "model=4B", "experiment=trn2_48xlarge", "compile=neuron", "device=neuron", f"hydra.run.dir={run_dir}"]
-    )
+    result = command_in_process(["mode=plan", "model=4B", "experiment=trn2_48xlarge", "compile=neuron", "device=neuron"], run_dir)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     # AWS's recipe layout on trn2.48xlarge: TP4 x FSDP16, selective activation checkpointing
@@ -36,9 +34,7 @@ def test_plan_for_trainium_prints_world_torchrun_and_trainer_config(run_dir):
 
 @pytest.mark.slow
 def test_check_builds_rank0_of_64_on_fake_backend(run_dir):
-    result = command_in_process(
-        ["mode=check", "model=4B", "model.n_layers=2", "experiment=trn2_48xlarge", "device=neuron", f"hydra.run.dir={run_dir}"]
-    )
+    result = command_in_process(["mode=check", "model=4B", "model.n_layers=2", "experiment=trn2_48xlarge", "device=neuron"], run_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     check = json.loads(result.stdout.split("== Fake-backend check ==")[1].strip().splitlines()[0])
     assert check["world_size"] == 64
@@ -49,7 +45,7 @@ def test_check_builds_rank0_of_64_on_fake_backend(run_dir):
 def test_plan_of_the_largest_moe_fits_on_a_screen_and_reads_as_written(run_dir):
     """A plan a person reads: about a screen for any model (the per-layer Trainer.Config is in a
     file), values as a user writes them (no Python or Enum reprs)."""
-    result = command_in_process(["mode=plan", "backend=nki_moe", "model=30B-A3B", "logger=none", f"hydra.run.dir={run_dir}"])
+    result = command_in_process(["mode=plan", "backend=nki_moe", "model=30B-A3B", "logger=none"], run_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     assert len(out.splitlines()) <= 150, len(out.splitlines())

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,20 +14,12 @@ import pytest
 from torch.distributed.checkpoint.api import CheckpointException
 
 from qwen3_trn.checkpointing import CheckpointSaveError, GuardedCheckpointManager
+from qwen3_trn.results.records import read_metrics, read_summary
 from qwen3_trn.titan import CheckpointManager
-from tests.conftest import REPO, cli_env, command_in_process, in_process, read_metrics, read_summary, run_cli
+from tests.commands import command_in_process, command_in_subprocess, start_command
 from tests.secret_values import SECRETS_IN_ENV, SECRETS_IN_LAUNCHER_ENV, files_with_secrets, process_cmdline, process_env, secret_args
 
 pytestmark = pytest.mark.slow
-
-
-def start_cli(args: list[str], run_dir: Path | None = None, env: dict | None = None, cwd: Path | None = None) -> subprocess.Popen:
-    """``python -m qwen3_trn`` in its own session, as a terminal would run it (Ctrl-C reaches
-    the whole session's foreground group)."""
-    cmd = [sys.executable, "-m", "qwen3_trn", *args, *([f"hydra.run.dir={run_dir}"] if run_dir else [])]
-    return subprocess.Popen(
-        cmd, cwd=cwd or REPO, env=cli_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
 
 
 def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None, poll: float = 0.2):
@@ -58,8 +49,7 @@ def session_processes(sid: int) -> list[int]:
 
 
 def steps_logged(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    return len(path.read_text().splitlines()) if path.is_file() else 0
+    return len(read_metrics(run_dir))
 
 
 def test_four_runs_started_at_once_get_four_directories(tmp_path):
@@ -67,7 +57,7 @@ def test_four_runs_started_at_once_get_four_directories(tmp_path):
     two per core: each claims its own directory, none fails, none writes into another's."""
     pattern = f"{tmp_path}/runs/" + "${now:%Y}"
     runs = [
-        start_cli(["debug=smoke", "training.steps=2", f"training.seed={n}", f"hydra.run.dir={pattern}"], env={"OMP_NUM_THREADS": "1"})
+        start_command(["debug=smoke", "training.steps=2", f"training.seed={n}", f"hydra.run.dir={pattern}"], env={"OMP_NUM_THREADS": "1"})
         for n in range(4)
     ]
     results = [run.communicate(timeout=1200) for run in runs]
@@ -87,7 +77,7 @@ def test_four_runs_started_at_once_get_four_directories(tmp_path):
 
 def test_ctrl_c_stops_every_rank_and_marks_the_run_interrupted(tmp_path):
     run_dir = tmp_path / "run"
-    run = start_cli(
+    run = start_command(
         ["debug=smoke", "logger=wandb", "launcher.nproc_per_node=2", "parallelism=fsdp", "training.steps=100000"],
         run_dir,
     )
@@ -127,7 +117,7 @@ def _freeze_during_save(run: subprocess.Popen, folder: Path, after_step: int, ti
 def test_kill_during_a_save_resumes_from_the_previous_complete_checkpoint(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     common = ["debug=smoke", "checkpoint=on", "checkpoint.interval=2", "checkpoint.keep_latest_k=0"]
-    run = start_cli([*common, "training.steps=200"], first)
+    run = start_command([*common, "training.steps=200"], first)
     wait_for(lambda: (first / "checkpoint" / "step-2" / ".metadata").is_file(), 300, "the first checkpoint", run)
     torn = _freeze_during_save(run, first / "checkpoint", after_step=2)
     os.killpg(run.pid, signal.SIGKILL)
@@ -137,7 +127,7 @@ def test_kill_during_a_save_resumes_from_the_previous_complete_checkpoint(tmp_pa
     previous = first / "checkpoint" / f"step-{torn_step - 2}"
     assert (previous / ".metadata").is_file()
 
-    result = in_process([*common, f"training.steps={torn_step}", f"checkpoint.resume_from={first}"], second)
+    result = command_in_process([*common, f"training.steps={torn_step}", f"checkpoint.resume_from={first}"], second)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"resuming from {previous}" in result.stdout
     assert f"skipped {torn}: no .metadata: its save did not finish" in result.stdout
@@ -166,7 +156,7 @@ def test_disk_full_during_a_save_says_so_and_keeps_the_previous_checkpoint(tmp_p
     run_dir, resumed = tmp_path / "run", tmp_path / "resumed"
     folder = small_disk / "ckpt"
     common = ["debug=smoke", "checkpoint=on", "checkpoint.interval=2", "checkpoint.keep_latest_k=0", f"checkpoint.folder={folder}"]
-    result = run_cli([*common, "training.steps=6"], run_dir)
+    result = command_in_subprocess([*common, "training.steps=6"], run_dir)
     assert result.returncode == 1, result.stderr[-3000:]
     message = f"checkpoint save at step 4 failed: no space left on device writing to {folder}"
     assert message in result.stderr and f"the previous checkpoint {folder / 'step-2'} is complete and loadable" in result.stderr
@@ -174,14 +164,14 @@ def test_disk_full_during_a_save_says_so_and_keeps_the_previous_checkpoint(tmp_p
     assert summary["status"] == "failed" and message in summary["error"], summary
     assert (folder / "step-2" / ".metadata").is_file() and not (folder / "step-4").exists()
     # the previous checkpoint really loads: a run resumed from it continues at step 3
-    result = in_process(["debug=smoke", "training.steps=3", f"checkpoint.resume_from={folder / 'step-2'}"], resumed)
+    result = command_in_process(["debug=smoke", "training.steps=3", f"checkpoint.resume_from={folder / 'step-2'}"], resumed)
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["step"] for r in read_metrics(resumed)] == [3]
 
 
 def test_no_secret_is_written_but_the_ranks_see_them(tmp_path):
     run_dir = tmp_path / "run"
-    run = start_cli(
+    run = start_command(
         [
             "debug=smoke",
             "logger=wandb",

@@ -23,7 +23,9 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from tests.conftest import REPO, chromium, cli_env, command_in_process, needs_chromium, read_metrics, read_summary, run_cli
+from qwen3_trn.results.records import read_metrics, read_summary
+from tests.commands import cli_env, command_in_process, command_in_subprocess
+from tests.conftest import REPO, chromium, needs_chromium
 from tests.slurm_cluster import slurm_cluster  # noqa: F401
 
 STEPS = 8
@@ -283,7 +285,7 @@ def test_a_search_on_slurm_prunes_its_trial_on_the_node(slurm_cluster, tmp_path)
         "~hydra.sweeper.pruner.n_startup_trials",
         f"hydra.sweep.dir={sweep_dir}",
     ]
-    result = run_cli(args, timeout=600, env=slurm_cluster.env)
+    result = command_in_subprocess(args, timeout=600, env=slurm_cluster.env)
     assert result.returncode == 0, _explain(result)
     journal = JournalStorage(JournalFileBackend(str(sweep_dir / "optuna.journal")))  # on Slurm: the journal by default
     assert [t.state for t in optuna.load_study(study_name=STUDY, storage=journal).trials] == [TrialState.PRUNED]
@@ -405,7 +407,7 @@ def test_a_concurrent_search_runs_two_trials_at_once_on_a_core_each(tmp_path):
     """hydra.sweeper.n_concurrent=2: two trials in flight, each on one of the two cores (packed),
     then the third; every trial told once, with its job's wall times."""
     sweep_dir = tmp_path / "sweep"
-    result = run_cli([*CONCURRENT, "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep_dir}"], timeout=600)
+    result = command_in_subprocess([*CONCURRENT, "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep_dir}"], timeout=600)
     assert result.returncode == 0, _explain(result)
     trials = load_study(sweep_dir).trials
     assert [t.number for t in trials] == [0, 1, 2]
@@ -495,7 +497,7 @@ def test_ctrl_c_stops_a_concurrent_search_and_a_rerun_goes_on(tmp_path):
         assert summary["status"] == "interrupted" and _gone(summary["process"]["pid"]), f"trial {num}'s process group is still there"
     assert (sweep_dir / "2").exists() is False
 
-    rerun = run_cli(args, timeout=600)
+    rerun = command_in_subprocess(args, timeout=600)
     assert rerun.returncode == 0, _explain(rerun)
     assert f"study {STUDY} resumed" in rerun.stdout
     trials = load_study(sweep_dir).trials

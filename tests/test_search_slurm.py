@@ -24,7 +24,8 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from tests.conftest import read_summary, run_cli
+from qwen3_trn.results.records import read_summary
+from tests.commands import command_in_subprocess
 from tests.slurm_cluster import SlurmCluster, two_host_cluster  # noqa: F401
 
 try:
@@ -77,7 +78,9 @@ def study_database(two_host_cluster: SlurmCluster):
 
 
 def _search(cluster: SlurmCluster, sweep_dir: Path, n_trials: int, *extra: str) -> subprocess.CompletedProcess:
-    result = run_cli([*SEARCH, f"hydra.sweeper.n_trials={n_trials}", *extra, f"hydra.sweep.dir={sweep_dir}"], timeout=600, env=cluster.env)
+    result = command_in_subprocess(
+        [*SEARCH, f"hydra.sweeper.n_trials={n_trials}", *extra, f"hydra.sweep.dir={sweep_dir}"], timeout=600, env=cluster.env
+    )
     assert result.returncode == 0, _explain(result)
     return result
 

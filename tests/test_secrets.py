@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_summary, run_cli
+from qwen3_trn.results.records import read_summary
+from tests.commands import command_in_subprocess
 from tests.secret_values import SECRETS_IN_ENV
 
 ON_COMMAND_LINE = {"AWS_SECRET_ACCESS_KEY": "cli/aws+Secret0246813579", "HF_TOKEN": "hf_cliDictAbCdEf13579"}
@@ -34,7 +35,7 @@ def test_no_secret_in_any_file_of_a_run(tmp_path, run_dir):
         "defaults:\n  - local\nenv:\n" + "".join(f"  {k}: {v}\n" for k, v in IN_CONFIG_FILE.items())
     )
     as_dict = "{" + ", ".join(f"{k}: '{v}'" for k, v in ON_COMMAND_LINE.items()) + "}"
-    result = run_cli(
+    result = command_in_subprocess(
         [
             "--config-dir",
             str(config_dir),

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import command_in_process, read_metrics, read_summary, run_cli, run_in_process
+from qwen3_trn.results.records import read_metrics, read_summary
+from tests.commands import command_in_process, command_in_subprocess
 
 
 def empty_folders(run_dir: Path) -> list[str]:
@@ -26,7 +27,7 @@ def assert_one_step(run_dir: Path) -> dict:
 @pytest.mark.slow
 def test_one_step_with_every_default_from_the_command_line(run_dir):
     """``python -m qwen3_trn training.steps=1``: native Qwen3, wandb offline, validation on."""
-    result = run_cli(["training.steps=1"], run_dir, timeout=600)
+    result = command_in_subprocess(["training.steps=1"], run_dir, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = assert_one_step(run_dir)
     assert summary["val_step"] == 1 and summary["val_loss"] > 0
@@ -44,8 +45,8 @@ SMALLEST = {
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(SMALLEST), ids=list(SMALLEST))
 def test_one_step_of_each_kind(case, run_dir):
-    code, stderr = run_in_process(["training.steps=1", *SMALLEST[case]], run_dir)
-    assert code == 0, stderr[-3000:]
+    done = command_in_process(["training.steps=1", *SMALLEST[case]], run_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
     assert_one_step(run_dir)
     if "checkpoint=on" in SMALLEST[case]:
         assert (run_dir / "checkpoint" / "step-1" / ".metadata").is_file()  # the last step is saved

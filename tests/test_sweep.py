@@ -15,15 +15,9 @@ from pathlib import Path
 import pytest
 
 from qwen3_trn.config.schema import BackendConfig
-from tests.conftest import (
-    chromium,
-    command_in_process,
-    needs_chromium,
-    offline_wandb_files,
-    read_metrics,
-    read_offline_wandb_run,
-    run_cli,
-)
+from qwen3_trn.results.records import read_manifest, read_metrics, read_summary
+from tests.commands import command_in_process, command_in_subprocess
+from tests.conftest import chromium, needs_chromium, offline_wandb_files, read_offline_wandb_run
 
 # The smallest run (conf/debug/smoke.yaml), 3 steps, with the wandb runs these tests read.
 TINY = ["debug=smoke", "logger=wandb", "training.steps=3"]
@@ -33,11 +27,7 @@ def run_sweep(args: list[str], sweep_dir: Path, cli: bool = False) -> subprocess
     """The sweep through the command's entry point in this process, or with ``cli`` as a real
     ``python -m qwen3_trn`` process (the moe_grid sweep: one real sweep process)."""
     args = [*args, f"hydra.sweep.dir={sweep_dir}"]
-    return run_cli(args, timeout=900) if cli else command_in_process(args)
-
-
-def manifest_of(sweep_dir: Path) -> dict:
-    return json.loads((sweep_dir / "manifest.json").read_text())
+    return command_in_subprocess(args, timeout=900) if cli else command_in_process(args)
 
 
 def _explain(result: subprocess.CompletedProcess) -> str:
@@ -57,7 +47,7 @@ def assert_tracked_jobs(manifest: dict, mode_of: dict[int, str] | None = None) -
         files = offline_wandb_files(run_dir)
         assert len(files) == 1, files
         run = read_offline_wandb_run(files[0])
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = read_summary(run_dir)
         assert run.id == job["wandb_run_id"] == summary["wandb_run_id"]
         assert run.group == manifest["group"]
         mode = (mode_of or {}).get(job["num"], summary["backend"])
@@ -100,7 +90,7 @@ def moe_grid(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
 @pytest.mark.slow
 def test_moe_grid_sweep_tracks_every_job_and_reports(moe_grid):
     sweep_dir, result = moe_grid
-    manifest = manifest_of(sweep_dir)
+    manifest = read_manifest(sweep_dir)
     assert manifest["counts"] == {"completed": 8, "failed": 0, "skipped": 0, "total": 8}
     assert manifest["experiment"] == "moe_grid" and manifest["swept_keys"] == ["model.top_k", "model.n_layers", "training.seed"]
     assert manifest["seeds"] == 2
@@ -113,7 +103,7 @@ def test_moe_grid_sweep_tracks_every_job_and_reports(moe_grid):
     assert manifest["jobs"][4]["name"] == "model.top_k=1,model.n_layers=1,training.seed=43"
     assert len({job["run_dir"] for job in manifest["jobs"]}) == 8
     for job in manifest["jobs"]:
-        summary = json.loads((Path(job["run_dir"]) / "summary.json").read_text())
+        summary = read_summary(Path(job["run_dir"]))
         k, n, seed = (int(o.split("=")[1]) for o in job["overrides"] if o.startswith(swept))
         assert summary["architecture"]["top_k"] == k and summary["architecture"]["n_layers"] == n
         assert summary["seed"] == seed  # recorded with the run
@@ -143,7 +133,7 @@ def test_moe_grid_sweep_tracks_every_job_and_reports(moe_grid):
     assert seen["tags"] == runs[0].tags and seen["run_id"] == runs[0].id and seen["name"] == runs[0].name
 
     # every job evaluated the same validation tokens (same data, tokenizer and shape), and says so
-    summaries = [json.loads((Path(job["run_dir"]) / "summary.json").read_text()) for job in manifest["jobs"]]
+    summaries = [read_summary(Path(job["run_dir"])) for job in manifest["jobs"]]
     digests = {s["validation_tokens_sha256"] for s in summaries}
     assert len(digests) == 1 and re.fullmatch(r"[0-9a-f]{64}", digests.pop())
     assert {s["validation_tokens"] for s in summaries} == {4 * 2 * 64}  # validation.steps x batch x seq_len
@@ -193,7 +183,7 @@ def test_moe_grid_heatmap_is_drawn_in_a_real_browser(moe_grid, tmp_path):
     """experiment=moe_grid (2 x 2 here): the report's heatmaps, opened in headless Chromium, draw
     one coloured cell per job with its final validation loss printed in it."""
     sweep_dir, _ = moe_grid
-    manifest = manifest_of(sweep_dir)
+    manifest = read_manifest(sweep_dir)
     page = (sweep_dir / "report.html").resolve()
     dom = chromium(page.as_uri(), tmp_path / "profile", "--dump-dom").stdout
     # the page's script found every heatmap cell laid out with a size and a fill
@@ -238,7 +228,7 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path):
     args = ["model=tiny,tiny_moe", "model.top_k=1", "+titan.training.mixed_precision_param=bogus,float32", *TINY]
     result = run_sweep(["-m", *args], sweep_dir)
     assert result.returncode == 1, _explain(result)
-    manifest = manifest_of(sweep_dir)
+    manifest = read_manifest(sweep_dir)
     assert manifest["counts"] == {"completed": 1, "failed": 1, "skipped": 2, "total": 4}
     jobs = {job["num"]: job for job in manifest["jobs"]}
     assert [jobs[n]["status"] for n in range(4)] == ["skipped", "skipped", "failed", "completed"]
@@ -252,7 +242,7 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path):
     assert "Traceback" in Path(failed["log"]).read_text()
     assert failed["rerun"].startswith("python -m qwen3_trn hydra.mode=RUN model=tiny_moe")
     assert manifest["rerun_failed"] == [failed["rerun"]]
-    assert json.loads((Path(failed["run_dir"]) / "summary.json").read_text())["status"] == "failed"
+    assert read_summary(Path(failed["run_dir"]))["status"] == "failed"
     # the failed job's wandb run is closed as failed, the next job's run is its own
     failed_run = read_offline_wandb_run(offline_wandb_files(Path(failed["run_dir"]))[0])
     assert failed_run.exit_code == 1
@@ -279,25 +269,24 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not {"native", "hf_v5", "nki_moe"} <= set(BackendConfig.options),
-    reason=f"the three-mode sweep needs backends native, hf_v5 and nki_moe; registered: {', '.join(BackendConfig.options)}",
-)
-def test_three_modes_side_by_side(tmp_path):
+def test_every_mode_side_by_side(tmp_path):
+    """experiment=modes sweeps every backend there is (conf/backend/): one job per registered
+    mode, each tracked, on the same architecture, data and seed."""
+    every_mode = sorted(BackendConfig.options)
     sweep_dir = tmp_path / "modes"
     result = run_sweep(["experiment=modes", *TINY], sweep_dir)
     assert result.returncode == 0, _explain(result)
-    manifest = manifest_of(sweep_dir)
-    assert manifest["counts"]["completed"] == 3 and manifest["swept_keys"] == ["backend"]
+    manifest = read_manifest(sweep_dir)
+    assert manifest["counts"]["completed"] == len(every_mode) and manifest["swept_keys"] == ["backend"]
     modes = {job["num"]: next(o.split("=")[1] for o in job["overrides"] if o.startswith("backend=")) for job in manifest["jobs"]}
-    assert sorted(modes.values()) == ["hf_v5", "native", "nki_moe"]
+    assert sorted(modes.values()) == every_mode
     runs = assert_tracked_jobs(manifest, modes)
-    assert {run.job_type for run in runs} == {"native", "hf_v5", "nki_moe"}
+    assert sorted(run.job_type for run in runs) == every_mode
     # the same architecture, data and seed in every mode
     configs = [run.config for run in runs]
     for key in ("model", "data", "training"):
         assert all(c[key] == configs[0][key] for c in configs), key
-    assert (sweep_dir / "report.html").read_text().count("<tr data-run=") == 3
+    assert (sweep_dir / "report.html").read_text().count("<tr data-run=") == len(every_mode)
 
 
 def test_sweep_over_a_missing_option_stops_before_any_job(tmp_path):

@@ -5,21 +5,15 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli_env, command_in_process, read_metrics, read_summary
+from qwen3_trn.results.records import read_job_record, read_manifest, read_metrics, read_summary
+from tests.commands import command_in_process, start_command
 from tests.secret_values import SECRETS_IN_LAUNCHER_ENV, files_with_secrets, secret_args
 
 ONE_STEP = ["training.steps=1", "logger=none"]
-
-
-def manifest(sweep: Path) -> dict:
-    return json.loads((sweep / "manifest.json").read_text())
 
 
 @pytest.mark.slow
@@ -64,7 +58,7 @@ def test_a_rerun_with_more_seeds_runs_only_the_new_seeds(tmp_path):
     more = command_in_process([*args, "sweep.seeds=3"])
     assert more.returncode == 0, more.stderr[-3000:]
     assert more.stdout.count("completed earlier, kept") == 2 and "#2 completed training.seed=44" in more.stdout
-    jobs = manifest(sweep)["jobs"]
+    jobs = read_manifest(sweep)["jobs"]
     assert [(j["num"], j["name"], j["status"]) for j in jobs] == [(n, f"training.seed={42 + n}", "completed") for n in range(3)]
     assert {n: (sweep / str(n) / "summary.json").stat().st_mtime_ns for n in (0, 1)} == stamps  # not trained again
     assert read_summary(sweep / "2")["seed"] == 44
@@ -76,7 +70,7 @@ def test_skip_invalid_runs_the_valid_jobs_and_a_rerun_trains_nothing_again(tmp_p
     args = ["-m", *ONE_STEP, "training.seed=1,2", "model.n_layers=2,0", "sweep.skip_invalid=true", f"hydra.sweep.dir={sweep}"]
     first = command_in_process(args)
     assert first.returncode == 0, first.stderr[-3000:]
-    jobs = {job["num"]: job for job in manifest(sweep)["jobs"]}
+    jobs = {job["num"]: job for job in read_manifest(sweep)["jobs"]}
     assert [jobs[n]["status"] for n in range(4)] == ["completed", "skipped", "completed", "skipped"]
     assert jobs[1]["invalid"] and "model.n_layers: must be >= 1, got 0" in jobs[1]["reason"]
     assert not (sweep / "1" / "metrics.jsonl").exists()
@@ -89,7 +83,7 @@ def test_skip_invalid_runs_the_valid_jobs_and_a_rerun_trains_nothing_again(tmp_p
     for n in (0, 2):  # nothing trained again: the runs' records are untouched
         assert (sweep / str(n) / "metrics.jsonl").read_bytes() == trained[n]
         assert (sweep / str(n) / "summary.json").stat().st_mtime_ns == stamps[n]
-    assert manifest(sweep)["counts"] == {**manifest(sweep)["counts"], "completed": 2, "skipped": 2, "total": 4}
+    assert read_manifest(sweep)["counts"] == {**read_manifest(sweep)["counts"], "completed": 2, "skipped": 2, "total": 4}
     assert json.loads((sweep / "sweep.json").read_text())["resumed"], "the sweep record says it was resumed"
 
 
@@ -104,7 +98,7 @@ def test_a_planned_sweep_is_one_table_and_no_run_per_job(tmp_path):
     for column in ("layout", "memory per rank", "fits", "TFLOP per step"):
         assert column in result.stdout
     assert sorted(p.name for p in sweep.iterdir()) == ["manifest.json", "multirun.yaml", "plan.txt", "sweep.json"]
-    planned = manifest(sweep)
+    planned = read_manifest(sweep)
     assert planned["counts"]["planned"] == 4 and planned["planned"]
     assert [job["plan"]["world_size"] for job in planned["jobs"]] == [1, 2, 1, 2]
     plan = (sweep / "plan.txt").read_text()
@@ -129,9 +123,7 @@ def test_an_interrupted_sweep_resumes_its_job_from_the_checkpoint(tmp_path):
         "training.seed=1,2",
         f"hydra.sweep.dir={sweep}",
     ]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "qwen3_trn", *args], cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+    process = start_command(args, text=False, start_new_session=False)
     deadline = time.time() + 600
     while not (sweep / "1" / "checkpoint" / "step-2" / ".metadata").is_file():
         assert process.poll() is None and time.time() < deadline, process.communicate()[1][-3000:]
@@ -147,7 +139,7 @@ def test_an_interrupted_sweep_resumes_its_job_from_the_checkpoint(tmp_path):
             break  # stopped training: the interrupt was taken
     _, err = process.communicate(timeout=300)
     assert process.returncode == 130, err.decode()[-3000:]
-    assert json.loads((sweep / "1" / "job.json").read_text())["status"] == "interrupted"
+    assert read_job_record(sweep / "1")["status"] == "interrupted"
     job0 = (sweep / "0" / "metrics.jsonl").read_bytes()
 
     again = command_in_process(args)
@@ -159,6 +151,6 @@ def test_an_interrupted_sweep_resumes_its_job_from_the_checkpoint(tmp_path):
     assert summary["status"] == "completed" and summary["resumed_from"].startswith(str(attempt / "checkpoint" / "step-"))
     resumed_at = int(summary["resumed_from"].rsplit("step-", 1)[1])
     assert [r["step"] for r in read_metrics(sweep / "1")] == list(range(resumed_at + 1, 41))
-    jobs = manifest(sweep)["jobs"]
+    jobs = read_manifest(sweep)["jobs"]
     assert [job["status"] for job in jobs] == ["completed", "completed"]
     assert f"checkpoint.resume_from={attempt}" in jobs[1]["overrides"], "the job records where it resumed from"

@@ -15,7 +15,8 @@ import pytest
 from qwen3_trn import titan
 from qwen3_trn.config.typed import to_run_config
 from qwen3_trn.run.convert import compile_warning
-from tests.conftest import REPO, cli_env, compose_config, in_process
+from tests.commands import cli_env, command_in_process
+from tests.conftest import REPO, compose_config
 
 PACKAGE = REPO / "qwen3_trn"
 
@@ -133,7 +134,7 @@ def test_torchtitan_0_3_has_every_feature():
 
 
 def test_a_compile_component_torchtitan_ignores_is_one_warning_line(run_dir):
-    done = in_process(["mode=plan", "compile=inductor", "compile.components=[model,loss,grad_clip]"], run_dir)
+    done = command_in_process(["mode=plan", "compile=inductor", "compile.components=[model,loss,grad_clip]"], run_dir)
     assert done.returncode == 0, done.stderr[-3000:]
     warnings = [line for line in done.stderr.splitlines() if "warning: compile.components" in line]
     assert warnings == [

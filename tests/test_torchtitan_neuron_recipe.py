@@ -27,7 +27,9 @@ from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.config.typed import to_run_config
 from qwen3_trn.devices import planned_device
 from qwen3_trn.models import torchtitan_neuron
-from tests.conftest import command_in_process, compose_config, in_process
+from qwen3_trn.results.records import read_manifest
+from tests.commands import command_in_process
+from tests.conftest import compose_config
 
 RECIPE = '''
 """Stand-in for torchtitan_neuron/models/qwen3/config_registry.py of aws-neuron/torchtitan-neuron
@@ -109,7 +111,7 @@ def stand_in(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_check_builds_rank_0_from_the_recipe_called_with_the_seed_arguments(stand_in, run_dir):
     calls = stand_in()
-    done = in_process([*SEED_COMMAND, "mode=check"], run_dir)
+    done = command_in_process([*SEED_COMMAND, "mode=check"], run_dir)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "kernel: torchtitan_neuron\nkernels_requested: torchtitan_neuron" in done.stdout
     # every process starts from a config that names the recipe
@@ -126,7 +128,7 @@ def test_check_builds_rank_0_from_the_recipe_called_with_the_seed_arguments(stan
 
 def test_a_recipe_with_another_signature_is_refused(stand_in, run_dir):
     stand_in("flavor, *, compile_config, n_layers, num_experts, experts_per_token")
-    done = in_process([*SEED_COMMAND, "mode=plan"], run_dir)
+    done = command_in_process([*SEED_COMMAND, "mode=plan"], run_dir)
     assert done.returncode == 2, done.stderr[-3000:]
     assert "backend.kernels: kernels=torchtitan_neuron cannot run:" in done.stderr
     assert "qwen3_nki_moe_config(flavor, *, compile_config, n_layers, num_experts, experts_per_token)" in done.stderr
@@ -172,7 +174,7 @@ def test_a_sweep_over_top_k_and_n_layers_calls_the_recipe_with_each(stand_in, tm
     sweep = [*SEED_COMMAND[:4], "model.num_experts=64", "model.n_layers=2,4", "model.top_k=2,4"]
     done = command_in_process(["-m", *sweep, "mode=plan", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
     assert done.returncode == 0, done.stderr[-3000:]
-    jobs = json.loads((tmp_path / "sweep" / "manifest.json").read_text())["jobs"]
+    jobs = read_manifest(tmp_path / "sweep")["jobs"]
     assert [job["status"] for job in jobs] == ["planned"] * 4, jobs
     recorded = {(call["n_layers"], call["top_k"]) for call in map(json.loads, calls.read_text().splitlines())}
     assert recorded == {(2, 2), (2, 4), (4, 2), (4, 4)}

@@ -17,7 +17,8 @@ import tarfile
 
 import pytest
 
-from tests.conftest import REPO, cli_env, read_metrics
+from qwen3_trn.results.records import read_metrics
+from tests.commands import REPO, cli_env
 
 WINDOW = REPO.parent / "shared" / "torchtitan-window"
 # commit -> the features that are off on it (upstream added them after that commit;

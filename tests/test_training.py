@@ -15,17 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import (
-    FAST,
-    assert_trained,
-    cli_env,
-    command_in_process,
-    compose_config,
-    in_process,
-    read_metrics,
-    read_summary,
-    run_cli,
-)
+from qwen3_trn.results.records import read_manifest, read_metrics, read_summary
+from tests.commands import command_in_process, command_in_subprocess, start_command
+from tests.conftest import FAST, assert_trained, compose_config
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +71,7 @@ def test_debug_smoke_is_the_smallest_run_of_any_kind(shared_run, tmp_path):
     every_mode_on_slurm = ["debug=smoke", "backend=native,hf_v5,nki_moe", "launcher=slurm", "launcher.partition=cpu"]
     planned = command_in_process(["-m", "mode=plan", *every_mode_on_slurm, f"hydra.sweep.dir={sweep}"])
     assert planned.returncode == 0, planned.stderr[-3000:]
-    manifest = json.loads((sweep / "manifest.json").read_text())
+    manifest = read_manifest(sweep)
     assert manifest["counts"]["planned"] == 3, manifest["counts"]
     for job in manifest["jobs"]:
         config = compose_config(job["overrides"])
@@ -88,7 +80,7 @@ def test_debug_smoke_is_the_smallest_run_of_any_kind(shared_run, tmp_path):
 
 
 def test_native_moe_trains(run_dir):
-    result = in_process(["model=tiny_moe", *FAST], run_dir)
+    result = command_in_process(["model=tiny_moe", *FAST], run_dir)
     records = assert_trained(result, run_dir, steps=6)
     assert _falls(records), [r["loss"] for r in records]
     assert read_summary(run_dir)["architecture"]["num_experts"] == 8
@@ -112,7 +104,7 @@ FSDP = [
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     run_dir = tmp_path_factory.mktemp("fsdp") / "run"
-    return run_cli(FSDP, run_dir), run_dir
+    return command_in_subprocess(FSDP, run_dir), run_dir
 
 
 def test_two_rank_fsdp_on_gloo(fsdp_run):
@@ -135,14 +127,7 @@ def test_killed_fsdp_run_resumes_with_the_losses_of_an_uninterrupted_one(fsdp_ru
     reference_result, reference = fsdp_run  # never interrupted
     uninterrupted = {r["step"]: r["loss"] for r in assert_trained(reference_result, reference, steps=7)}
     killed = tmp_path / "outputs" / "runs" / "killed"
-    run = subprocess.Popen(
-        [sys.executable, "-m", "qwen3_trn", *FSDP, f"hydra.run.dir={killed}"],
-        cwd=tmp_path,
-        env=cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    run = start_command(FSDP, killed, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 600
     while not ((killed / "checkpoint" / "step-4" / ".metadata").is_file() and any(r["step"] == 5 for r in _records(killed))):
         assert run.poll() is None and time.monotonic() < deadline, "the run ended before step 5"
@@ -154,7 +139,7 @@ def test_killed_fsdp_run_resumes_with_the_losses_of_an_uninterrupted_one(fsdp_ru
     # resumed through the command's entry point in this process, working in the same directory
     resumed = tmp_path / "outputs" / "runs" / "resumed"
     monkeypatch.chdir(tmp_path)
-    result = command_in_process([*FSDP, "checkpoint.resume_from=outputs/runs/killed", f"hydra.run.dir={resumed}"])
+    result = command_in_process([*FSDP, "checkpoint.resume_from=outputs/runs/killed"], resumed)
     records = assert_trained(result, resumed, steps=3)
     assert {r["step"]: r["loss"] for r in records} == {step: uninterrupted[step] for step in (5, 6, 7)}
     assert f"resume_from: {killed}" in (resumed / "config.yaml").read_text(), "saved as the absolute path"

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TWO_BY_TWO_TRAINING, compose_config, read_metrics, read_summary
+from qwen3_trn.results.records import read_metrics, read_summary
+from tests.conftest import TWO_BY_TWO_TRAINING, compose_config
 from tests.node_agents import free_port, head_node, run_node_agents
 from tests.slurm_cluster import SlurmCluster, two_host_cluster, two_host_env, wait_for_state  # noqa: F401
 from tests.test_launcher_slurm import _job_log, _wait_until

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,10 +20,12 @@ from qwen3_trn.data.sources.c4 import C4Source
 from qwen3_trn.data.sources.embedded import EmbeddedSource
 from qwen3_trn.data.sources.files import FilesSource
 from qwen3_trn.data.sources.hub import HubSource
+from qwen3_trn.results.records import read_summary
 from qwen3_trn.run.metrics import JsonlLogger
 from qwen3_trn.run.preflight import prepare
 from qwen3_trn.run.validation import RunValidator, validator_config
-from tests.conftest import REPO, assert_trained, compose_config, in_process, read_metrics, read_summary, run_in_process
+from tests.commands import REPO, cli_env, command_in_process
+from tests.conftest import REPO, assert_trained, compose_config
 
 TRAIN = "loss_metrics/global_avg_loss"
 VAL = "validation_metrics/loss"
@@ -116,8 +117,8 @@ def test_validation_data_errors(data, key, fix, documents):
 def test_validation_keys_a_source_does_not_take_are_refused(overrides, key, fix, documents, tmp_path):
     """Each data source has its own schema: a key it does not read is refused while composing."""
     run_dir = tmp_path / "run"
-    code, stderr = run_in_process([*overrides, *([f"data.path={documents}"] if "data=files" in overrides else [])], run_dir)
-    assert code == 2 and key in stderr and fix in stderr, stderr
+    done = command_in_process([*overrides, *([f"data.path={documents}"] if "data=files" in overrides else [])], run_dir)
+    assert done.returncode == 2 and key in done.stderr and fix in done.stderr, done.stderr
     assert not run_dir.exists()
 
 
@@ -261,7 +262,7 @@ def test_val_loss_is_torchtitans_validator_loss(tmp_path):
     """Same seed and data: the project's val_loss equals what torchtitan's own Validator reports,
     and the recorded digest is that of the tokens torchtitan's loader yields."""
     run_dir = tmp_path / "run"
-    records = assert_trained(in_process(RUN, run_dir), run_dir, steps=4)
+    records = assert_trained(command_in_process(RUN, run_dir), run_dir, steps=4)
     project = {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
     assert sorted(project) == [1, 2, 4]  # after step 1, every 2 steps, and the last step
 
@@ -271,7 +272,7 @@ def test_val_loss_is_torchtitans_validator_loss(tmp_path):
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+        env=cli_env(),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     direct = json.loads(done.stdout.strip().splitlines()[-1])
@@ -293,8 +294,8 @@ def test_val_loss_is_torchtitans_validator_loss(tmp_path):
 @pytest.mark.slow
 def test_validation_off_trains_without_held_out_figures(tmp_path):
     run_dir = tmp_path / "run"
-    result = in_process(["validation=off", *RUN], run_dir)
+    result = command_in_process(["validation=off", *RUN], run_dir)
     records = assert_trained(result, run_dir, steps=4)
     assert not any("val_loss" in r for r in records) and "val_loss" not in result.stdout
-    assert "val_loss" not in read_summary(run_dir) and "validation_tokens_sha256" not in read_summary(run_dir)
-    assert read_metrics(run_dir) == records
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed" and "val_loss" not in summary and "validation_tokens_sha256" not in summary

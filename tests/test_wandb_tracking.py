@@ -3,7 +3,6 @@ other logger choices."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,8 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from qwen3_trn.app import to_run_config
+from qwen3_trn.results.records import read_manifest, read_metrics
 from qwen3_trn.run.tracking import plan_tracking
-from tests.conftest import command_in_process, compose_config, offline_wandb_files, read_metrics
+from tests.commands import command_in_process
+from tests.conftest import command_in_process, compose_config, offline_wandb_files
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -110,7 +111,7 @@ def test_other_loggers_and_no_wandb(tmp_path):
     ]
     result = command_in_process(args)
     assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
-    manifest = json.loads((sweep_dir / "manifest.json").read_text())
+    manifest = read_manifest(sweep_dir)
     assert manifest["counts"]["completed"] == 2
     jobs = {next(o.split("=")[1] for o in job["overrides"] if o.startswith("logger=")): job for job in manifest["jobs"]}
     for choice, job in jobs.items():

@@ -21,7 +21,8 @@ from qwen3_trn.kernels.nki_moe import (
     probe_nki,
 )
 from qwen3_trn.run.preflight import prepare
-from tests.conftest import compose_config, in_process
+from tests.commands import command_in_process
+from tests.conftest import compose_config
 from tests.kernels import neuron_stand_ins as stand_ins
 
 # One rank's experts within every kernel limit at LNC=2: H in [512, 8192] and a multiple of
@@ -89,7 +90,7 @@ def test_probe_refuses_a_torch_neuronx_without_nki_v2(monkeypatch):
 
 def test_nki_refuses_before_any_worker_where_the_library_lacks_a_kernel(monkeypatch, neuron_stack, tmp_path):
     stand_ins.install(monkeypatch, leave_out=("nkilib.experimental.moe.bwd.blockwise_mm_backward",))
-    done = in_process([*SEED, "backend.kernels=nki", "mode=plan"], tmp_path / "nki")
+    done = command_in_process([*SEED, "backend.kernels=nki", "mode=plan"], tmp_path / "nki")
     assert done.returncode == 2, done.stderr
     assert "backend.kernels:" in done.stderr and "blockwise_mm_bwd" in done.stderr
     assert not (tmp_path / "nki").exists() or not any((tmp_path / "nki").iterdir())
@@ -106,7 +107,7 @@ def test_kernels_auto_on_neuron_picks_grouped_mm_where_nki_could_run(neuron_stac
 
 def test_nki_at_one_logical_core_exits_2_naming_the_second_shard(neuron_stack, tmp_path):
     args = [*SEED, "backend.kernels=nki", "mode=plan", "+launcher.env.NEURON_LOGICAL_NC_CONFIG=1"]
-    done = in_process(args, tmp_path / "nki")
+    done = command_in_process(args, tmp_path / "nki")
     assert done.returncode == 2, done.stderr
     assert "NEURON_LOGICAL_NC_CONFIG=1" in done.stderr and "compute_down_proj_shard_on_intermediate" in done.stderr
 
@@ -161,7 +162,9 @@ def test_plan_checks_the_limits_on_one_ranks_shapes(neuron_stack, tmp_path, degr
 
 
 def test_plan_exits_2_with_one_paragraph_naming_the_limit(neuron_stack, tmp_path):
-    done = in_process([*SEED, "backend.kernels=nki", "mode=plan", "launcher.nproc_per_node=64", "model.num_experts=128"], tmp_path / "run")
+    done = command_in_process(
+        [*SEED, "backend.kernels=nki", "mode=plan", "launcher.nproc_per_node=64", "model.num_experts=128"], tmp_path / "run"
+    )
     assert done.returncode == 2, done.stderr
     assert "backend.kernels: with tp=1, cp=1, ep=1" in done.stderr and "bwmm_shard_on_I.py" in done.stderr
 
