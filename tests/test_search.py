@@ -403,27 +403,6 @@ def overlapping(jobs: dict[int, dict]) -> list[tuple[int, int]]:
     ]
 
 
-def test_a_concurrent_search_runs_two_trials_at_once_on_a_core_each(tmp_path):
-    """hydra.sweeper.n_concurrent=2: two trials in flight, each on one of the two cores (packed),
-    then the third; every trial told once, with its job's wall times."""
-    sweep_dir = tmp_path / "sweep"
-    result = command_in_subprocess([*CONCURRENT, "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep_dir}"], timeout=600)
-    assert result.returncode == 0, _explain(result)
-    trials = load_study(sweep_dir).trials
-    assert [t.number for t in trials] == [0, 1, 2]
-    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials), [t.state for t in trials]
-    jobs = {num: json.loads((sweep_dir / str(num) / "job.json").read_text()) for num in range(3)}
-    assert sorted(jobs_by_num(sweep_dir)) == [0, 1, 2] and all(job["status"] in ("completed", "pruned") for job in jobs.values())
-    pairs = overlapping(jobs)
-    assert pairs, {num: (job["started"], job["ended"]) for num, job in jobs.items()}
-    for a, b in pairs:  # trials at the same time had a core each
-        slices = [json.loads((sweep_dir / str(num) / "device_slice.json").read_text())["slots"] for num in (a, b)]
-        assert len(slices[0]) == len(slices[1]) == 1 and slices[0] != slices[1], slices
-    for trial in trials:  # its job's wall times, as told
-        assert (trial.user_attrs["started"], trial.user_attrs["ended"]) == (jobs[trial.number]["started"], jobs[trial.number]["ended"])
-    assert "launcher.devices_per_job=1" in jobs[0]["overrides"]
-
-
 def _wait_for(condition, timeout: float, what: str, process: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -476,7 +455,8 @@ def test_a_trial_whose_process_is_lost_reads_as_failed_and_the_search_goes_on(tm
 def test_ctrl_c_stops_a_concurrent_search_and_a_rerun_goes_on(tmp_path):
     """SIGINT to the search command while two trials train: both are interrupted (their process
     groups stopped, nothing left running) and told failed; the same command again resumes the
-    study, and every trial is in it once."""
+    study with two more trials, in flight at once on a core each (packed), and every trial is in
+    it once, told with its job's wall times."""
     sweep_dir = tmp_path / "sweep"
     args = [*CONCURRENT, "training.steps=100", "validation.interval=50", "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep_dir}"]
     log = tmp_path / "search.log"
@@ -497,11 +477,19 @@ def test_ctrl_c_stops_a_concurrent_search_and_a_rerun_goes_on(tmp_path):
         assert summary["status"] == "interrupted" and _gone(summary["process"]["pid"]), f"trial {num}'s process group is still there"
     assert (sweep_dir / "2").exists() is False
 
-    rerun = command_in_subprocess(args, timeout=600)
+    rerun = command_in_subprocess([*args[:-2], "hydra.sweeper.n_trials=4", f"hydra.sweep.dir={sweep_dir}"], timeout=600)
     assert rerun.returncode == 0, _explain(rerun)
     assert f"study {STUDY} resumed" in rerun.stdout
     trials = load_study(sweep_dir).trials
-    assert [t.number for t in trials] == [0, 1, 2] and [t.state for t in trials[:2]] == [TrialState.FAIL] * 2
-    assert trials[2].state in (TrialState.COMPLETE, TrialState.PRUNED)
-    assert sorted(jobs_by_num(sweep_dir)) == [0, 1, 2]
-    assert rerun.stdout.count("[search] trial ") == 1
+    assert [t.number for t in trials] == [0, 1, 2, 3] and [t.state for t in trials[:2]] == [TrialState.FAIL] * 2
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials[2:]), [t.state for t in trials]
+    assert sorted(jobs_by_num(sweep_dir)) == [0, 1, 2, 3]
+    assert rerun.stdout.count("[search] trial ") == 2
+    jobs = {num: json.loads((sweep_dir / str(num) / "job.json").read_text()) for num in (2, 3)}
+    assert all(job["status"] in ("completed", "pruned") for job in jobs.values()), jobs
+    assert overlapping(jobs) == [(2, 3)], {num: (job["started"], job["ended"]) for num, job in jobs.items()}
+    slices = [json.loads((sweep_dir / str(num) / "device_slice.json").read_text())["slots"] for num in (2, 3)]
+    assert len(slices[0]) == len(slices[1]) == 1 and slices[0] != slices[1], slices  # a core each
+    for trial in trials[2:]:  # its job's wall times, as told
+        assert (trial.user_attrs["started"], trial.user_attrs["ended"]) == (jobs[trial.number]["started"], jobs[trial.number]["ended"])
+    assert "launcher.devices_per_job=1" in jobs[2]["overrides"]

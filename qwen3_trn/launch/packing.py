@@ -15,13 +15,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+import torch
+
 from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.results.records import SLOTS_DIR_ENV
 
 
 def _cpu_slice(slots: list[int]) -> dict[str, str]:
-    # The elastic launcher's children inherit this process's affinity.
-    os.sched_setaffinity(0, slots)
+    # The elastic launcher's children inherit this process's affinity. A rank run in this process
+    # has its thread pools already: each of its threads is pinned (sched_setaffinity pins one) and
+    # torch's intra-op pool sized to the slice; more threads than cores wait for each other in
+    # OpenMP's spin, and two packed jobs then ran their steps 100x slower.
+    for thread in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(thread), slots)
+    torch.set_num_threads(len(slots))
     return {"OMP_NUM_THREADS": str(len(slots))}
 
 
