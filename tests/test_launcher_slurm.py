@@ -153,6 +153,29 @@ def test_a_slurm_job_records_through_the_launcher_that_submitted_it(tmp_path: Pa
 
 
 @needs_submitit
+def test_a_job_that_pickled_no_error_is_described_by_its_error_log_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A pruned trial or a killed rank ends its job without submitit's result pickle: its error
+    is the error log's last line, read at once. submitit's ``exception()`` would first poll 15 s
+    for the pickle (it is made to fail here, so that a call to it shows)."""
+    import submitit
+
+    from qwen3_trn.launch.slurm.state import job_error
+
+    def waits_for_a_pickle(self):
+        raise AssertionError("submitit's exception() polls for a result pickle the job never wrote")
+
+    monkeypatch.setattr(submitit.SlurmJob, "exception", waits_for_a_pickle)
+    stderr = tmp_path / "12_0_log.err"
+    stderr.write_text(
+        "pruned by the search at step 2 (validation loss 7.3851, trial 2)\nsrun: error: n1: task 0: Exited with exit code 1\n\n"
+    )
+    job = {"id": "12", "folder": str(tmp_path), "stderr": str(stderr)}
+    assert job_error(job) == "srun: error: n1: task 0: Exited with exit code 1"
+    stderr.unlink()
+    assert job_error(job) is None
+
+
+@needs_submitit
 def test_plan_of_a_sweep_shows_each_job_and_its_submission(tmp_path: Path):
     sweep = tmp_path / "sweep"
     result = command_in_process(

@@ -68,13 +68,25 @@ def job_state(job: dict[str, Any]) -> str:
     return (_job(job).get_info(mode="force").get("State") or "UNKNOWN").split()[0]
 
 
+def _last_line(text: str) -> str | None:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:500] if lines else None
+
+
 def job_error(job: dict[str, Any]) -> str | None:
-    """The last line of the error submitit recorded for the job (e.g. ``KeyError: 'text'``)."""
-    error = _job(job).exception()
+    """The last line of the error submitit pickled for the job (e.g. ``KeyError: 'text'``), else
+    of its error log. A job that exited without pickling one (a pruned trial, a killed rank)
+    has none to wait for: submitit's ``exception()`` would poll 15 s for it first."""
+    submitted = _job(job)
+    if not submitted.paths.result_pickle.exists():
+        try:
+            return _last_line(Path(job["stderr"]).read_text(errors="replace"))
+        except (KeyError, OSError):
+            return None
+    error = submitted.exception()
     if error is None:
         return None
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[-1][:500] if lines else type(error).__name__
+    return _last_line(str(error)) or type(error).__name__
 
 
 def node_errors(job: dict[str, Any]) -> str | None:
