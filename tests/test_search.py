@@ -429,13 +429,28 @@ def _training(sweep_dir: Path, num: int) -> bool:
     return metrics.is_file() and bool(metrics.read_text().strip())
 
 
+def _journal_study(journal: Path) -> optuna.Study:
+    return optuna.load_study(study_name=STUDY, storage=JournalStorage(JournalFileBackend(str(journal))))
+
+
 def test_a_trial_whose_process_is_lost_reads_as_failed_and_the_search_goes_on(tmp_path):
     """SIGKILL to one of two concurrent trials while it trains: nothing of it records an end; the
-    search reads it as died, tells it failed, and asks the next trial while the other still runs."""
+    search reads it as died, tells it failed, and asks the next trial while the other still runs.
+    The study in a journal file (hydra.sweeper.storage=<path>; the Ctrl-C test below: SQLite),
+    which holds every trial once."""
     sweep_dir = tmp_path / "sweep"
+    journal = tmp_path / "study.journal"
     log = tmp_path / "search.log"
     search = _start_search(
-        [*CONCURRENT, "training.steps=100", "validation.interval=50", "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep_dir}"], log
+        [
+            *CONCURRENT,
+            f"hydra.sweeper.storage={journal}",
+            "training.steps=100",
+            "validation.interval=50",
+            "hydra.sweeper.n_trials=3",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        log,
     )
     try:
         _wait_for(lambda: _training(sweep_dir, 0) and _training(sweep_dir, 1), 300, "two trials training", search, log)
@@ -444,31 +459,22 @@ def test_a_trial_whose_process_is_lost_reads_as_failed_and_the_search_goes_on(tm
     finally:
         if search.poll() is None:
             search.kill()
-    trials = load_study(sweep_dir).trials
+    trials = _journal_study(journal).trials
     assert [t.number for t in trials] == [0, 1, 2], log.read_text()[-4000:]
+    assert not (sweep_dir / "optuna.db").exists()
     assert trials[0].state == TrialState.FAIL and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials[1:])
     jobs = jobs_by_num(sweep_dir)
     assert jobs[0]["status"] == "died" and read_summary(sweep_dir / "0")["status"] == "died", jobs[0]
     assert search.returncode == 1 and "0 of 3 jobs failed, 1 died" in log.read_text(), log.read_text()[-4000:]
 
 
-@pytest.mark.parametrize("storage", ["sqlite", "journal"])
-def test_ctrl_c_stops_a_concurrent_search_and_a_rerun_goes_on(tmp_path, storage):
+def test_ctrl_c_stops_a_concurrent_search_and_a_rerun_goes_on(tmp_path):
     """SIGINT to the search command while two trials train: both are interrupted (their process
     groups stopped, nothing left running) and told failed; the same command again resumes the
     study with two more trials, in flight at once on a core each (packed), and every trial is in
-    it once, told with its job's wall times. The study in the sweep directory's SQLite file, or
-    in a journal file (hydra.sweeper.storage=<path>), each holding every trial once."""
+    it once, told with its job's wall times."""
     sweep_dir = tmp_path / "sweep"
-    journal = tmp_path / "study.journal"
-    given = [f"hydra.sweeper.storage={journal}"] if storage == "journal" else []
-
-    def load() -> optuna.Study:
-        if storage == "sqlite":
-            return load_study(sweep_dir)
-        return optuna.load_study(study_name=STUDY, storage=JournalStorage(JournalFileBackend(str(journal))))
-
-    args = [*CONCURRENT, *given, "training.steps=100", "validation.interval=50", "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep_dir}"]
+    args = [*CONCURRENT, "training.steps=100", "validation.interval=50", "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep_dir}"]
     log = tmp_path / "search.log"
     search = _start_search(args, log)
     try:
@@ -478,7 +484,7 @@ def test_ctrl_c_stops_a_concurrent_search_and_a_rerun_goes_on(tmp_path, storage)
     finally:
         if search.poll() is None:
             search.kill()
-    trials = load().trials
+    trials = load_study(sweep_dir).trials
     assert [(t.number, t.state) for t in trials] == [(0, TrialState.FAIL), (1, TrialState.FAIL)], log.read_text()[-4000:]
     for num in (0, 1):
         job = json.loads((sweep_dir / str(num) / "job.json").read_text())
@@ -490,12 +496,11 @@ def test_ctrl_c_stops_a_concurrent_search_and_a_rerun_goes_on(tmp_path, storage)
     rerun = command_in_subprocess([*args[:-2], "hydra.sweeper.n_trials=4", f"hydra.sweep.dir={sweep_dir}"], timeout=600)
     assert rerun.returncode == 0, _explain(rerun)
     assert f"study {STUDY} resumed" in rerun.stdout
-    trials = load().trials
+    trials = load_study(sweep_dir).trials
     assert [t.number for t in trials] == [0, 1, 2, 3] and [t.state for t in trials[:2]] == [TrialState.FAIL] * 2
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials[2:]), [t.state for t in trials]
     assert sorted(jobs_by_num(sweep_dir)) == [0, 1, 2, 3]
     assert rerun.stdout.count("[search] trial ") == 2
-    assert (sweep_dir / "optuna.db").exists() == (storage == "sqlite") and journal.exists() == (storage == "journal")
     jobs = {num: json.loads((sweep_dir / str(num) / "job.json").read_text()) for num in (2, 3)}
     assert all(job["status"] in ("completed", "pruned") for job in jobs.values()), jobs
     assert overlapping(jobs) == [(2, 3)], {num: (job["started"], job["ended"]) for num, job in jobs.items()}
