@@ -19,7 +19,7 @@ exec_with_tcmalloc()
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from qwen3_trn.cli.early import answer_early, every_problem, no_run_dir_left  # noqa: E402
+from qwen3_trn.cli.early import CONF_DIR, answer_early, every_problem, no_run_dir_left  # noqa: E402
 from qwen3_trn.cli.exits import exit_status  # noqa: E402
 from qwen3_trn.config.composition import refuse_shadowed_config_files  # noqa: E402
 from qwen3_trn.config.store import register_schema  # noqa: E402
@@ -27,10 +27,6 @@ from qwen3_trn.results.records import TRACEBACK_ENV  # noqa: E402
 
 register_schema()
 
-# An absolute path: Hydra then searches the directory itself. A relative one is looked up as
-# the package ``qwen3_trn.conf`` when the entry point is the installed ``qwen3-trn`` script,
-# which Hydra refuses without an __init__.py in conf/.
-CONF_DIR = Path(__file__).resolve().parent / "conf"
 # Whether Hydra composed the config and called the task function (then a problem is the run's).
 composed = False
 

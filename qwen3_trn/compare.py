@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from qwen3_trn.cli.early import CONF_DIR, command_problems
 from qwen3_trn.cli.exits import imports_of_entry_point
 
 # A torchtitan that lacks what the package uses: exit 2 as the command (qwen3_trn.cli.exits).
@@ -247,6 +248,10 @@ def check_command(overrides: list[str], modes: list[str] | None, extra: list[str
             f"'{load}' is not a Hugging Face model folder (config.json and *.safetensors); "
             "give one (e.g. a run's hf/step-N from checkpoint=hf_export), or leave it out to start from the native init.",
         )
+    # what every mode's run would refuse, before the first one trains (a --with override: its mode's run)
+    problem = command_problems([*overrides, *NATIVE.overrides], CONF_DIR)
+    if problem is not None:
+        raise problem
 
 
 def initial_weights(overrides: list[str], out: Path) -> Path:

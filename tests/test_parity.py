@@ -145,12 +145,15 @@ def test_a_bad_command_exits_2_naming_the_key(args, named, tmp_path, capsys):
     assert not (tmp_path / "out").exists()  # nothing ran
 
 
-def test_a_config_the_runs_refuse_exits_2(tmp_path, capsys):
-    """Through the command's ``main`` in this process (as its own process: the fixtures above)."""
+def test_a_config_the_runs_refuse_exits_2_before_any_run(tmp_path, capsys):
+    """Through the command's ``main`` in this process (as its own process: the fixtures above):
+    every problem the runs would refuse, at once, and nothing trained (not even the init run)."""
     with pytest.raises(SystemExit) as exited:
-        main(["training.steps=0", "--out", str(tmp_path / "out")])
+        main(["training.steps=0", "optimizer.lr=-1", "training.stpes=1", "--out", str(tmp_path / "out")])
     assert exited.value.code == 2
-    assert "training.steps" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "training.steps: must be >= 1" in err and "optimizer.lr: must be >= 0" in err and "did you mean steps" in err, err
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_mode_that_logged_other_steps_or_nan_does_not_agree():

@@ -27,9 +27,14 @@ from qwen3_trn.config.composition import composition_error, failing_override
 from qwen3_trn.config.paths import absolute_paths, path_problems
 from qwen3_trn.config.ranges import range_problems
 from qwen3_trn.config.schema import RunConfig
-from qwen3_trn.config.store import SWEEPER_SCHEMAS
+from qwen3_trn.config.store import SWEEPER_SCHEMAS, register_schema
 from qwen3_trn.config.typed import to_run_config
 from qwen3_trn.results.records import remove_empty_dirs
+
+# The packaged config groups, as an absolute path: Hydra then searches the directory itself. A
+# relative one is looked up as the package ``qwen3_trn.conf`` when the entry point is the
+# installed ``qwen3-trn`` script, which Hydra refuses without an __init__.py in conf/.
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 def in_multirun() -> bool:
@@ -97,6 +102,13 @@ def _gives(key: str, overrides: list[str]) -> bool:
     return any(o.lstrip("+~").partition("=")[0] == key for o in overrides)
 
 
+def _composed(overrides: list[str], conf_dir: Path) -> DictConfig:
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir)):
+        # output_dir is Hydra's run directory, which only a run has; the checks do not read it
+        return compose("config", overrides=[*overrides, *(() if _gives("output_dir", overrides) else ("output_dir=.",))])
+
+
 def every_problem(exc: BaseException, overrides: list[str], conf_dir: Path) -> ConfigError:
     """A command line that did not compose: its first problem, then the rest of it composed
     again without the override at fault, until it composes and is typed and checked, so that
@@ -107,11 +119,8 @@ def every_problem(exc: BaseException, overrides: list[str], conf_dir: Path) -> C
     rest, bad = list(overrides), failing_override(exc)
     while bad in rest:
         rest.remove(bad)
-        GlobalHydra.instance().clear()
         try:
-            with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir)):
-                # output_dir is Hydra's run directory, which only a run has; the checks do not read it
-                cfg = compose("config", overrides=[*rest, *(() if _gives("output_dir", rest) else ("output_dir=.",))])
+            cfg = _composed(rest, conf_dir)
         except Exception as again:  # noqa: BLE001 - the next composition problem, reported with the first
             problems.found.append(composition_error(again))
             bad = failing_override(again)
@@ -120,6 +129,21 @@ def every_problem(exc: BaseException, overrides: list[str], conf_dir: Path) -> C
             first_checks(to_run_config(cfg, check_ranges=False), problems)
         break
     return grouped(problems.found)
+
+
+def command_problems(overrides: list[str], conf_dir: Path) -> ConfigError | None:
+    """Every problem ``python -m qwen3_trn <overrides>`` would answer with exit 2 before it
+    trains (composition, types, ranges, paths), as one error; None for a command that passes.
+    For commands that start runs of their own (``qwen3_trn.compare``), before the first starts."""
+    register_schema()
+    try:
+        cfg = _composed(overrides, conf_dir)
+    except Exception as exc:  # noqa: BLE001 - a composition problem, with the command's others
+        return every_problem(exc, overrides, conf_dir)
+    problems = Problems()
+    with problems.check():
+        first_checks(to_run_config(cfg, check_ranges=False), problems)
+    return grouped(problems.found) if problems.found else None
 
 
 def sweeper_problems(sweeper: DictConfig) -> list[ConfigError]:
