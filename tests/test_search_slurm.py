@@ -24,7 +24,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from qwen3_trn.results.records import read_summary
+from qwen3_trn.results.records import read_metrics, read_summary
 from tests.commands import command_in_subprocess
 from tests.slurm_cluster import SlurmCluster, two_host_cluster  # noqa: F401
 
@@ -99,7 +99,10 @@ def _every_trial_pruned_once(cluster: SlurmCluster, sweep_dir: Path, storage: An
         summary = read_summary(Path(job["run_dir"]))
         assert job["status"] == summary["status"] == "pruned" and summary["pruned"]["step"] == 2, summary
         assert set(summary["job"]["hostnames"]) <= set(cluster.nodes), summary["job"]
-        assert trials[num].user_attrs["started"] == job["started"]
+        # told the wall times of its Slurm job, not of its submission
+        assert job["job"]["submitted"] < job["started"] == job["job"]["started"] < job["ended"] == job["job"]["ended"], job
+        assert (trials[num].user_attrs["started"], trials[num].user_attrs["ended"]) == (job["started"], job["ended"])
+        assert [r["step"] for r in read_metrics(Path(job["run_dir"]))] == [1, 2]
 
 
 def _search_twice(cluster: SlurmCluster, sweep_dir: Path, storage: Callable[[], Any], *extra: str) -> list[subprocess.CompletedProcess]:

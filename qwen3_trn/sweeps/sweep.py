@@ -354,6 +354,12 @@ def _merge_into_record(record: dict[str, Any], summary: dict[str, Any]) -> None:
     job = job_section(summary)
     if job:
         record[JOB_SECTION] = job
+    if job.get("started") is not None:  # a job run elsewhere: its own wall times, not its submission's
+        record["started"] = job["started"]
+        if job.get("ended") is not None:
+            record["ended"] = job["ended"]
+        else:
+            record.pop("ended", None)
     status = summary.get("status") or record.get("status")
     if status == RunStatus.pruned:
         record["reason"] = _pruned_reason(summary)

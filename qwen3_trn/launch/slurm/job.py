@@ -112,6 +112,10 @@ class SlurmTrainJob:
             if lead:
                 self.launcher.record_job(run_dir, {"state": "FAILED", "ended": time.time()}, status=RunStatus.failed, job_error=reason)
             raise
+        except SystemExit:  # the run ended itself (a search's pruner stopped it) and recorded how
+            if lead:
+                self.launcher.record_job(run_dir, {"ended": time.time()})
+            raise
         if lead:
             if restarts:  # the summary over every step once, after a resume
                 update_summary(run_dir, **summarize(read_metrics(run_dir)))
