@@ -26,7 +26,6 @@ from optuna.trial import TrialState
 from qwen3_trn.results.records import read_metrics, read_summary
 from tests.commands import cli_env, command_in_process, command_in_subprocess
 from tests.conftest import REPO, chromium, needs_chromium
-from tests.slurm_cluster import slurm_cluster  # noqa: F401
 
 STEPS = 8
 # Short trials that validate every other step, so that the pruner has intermediate values.
@@ -39,8 +38,9 @@ def _explain(result: subprocess.CompletedProcess) -> str:
 
 
 def run_search(sweep_dir: Path, n_trials: int, *extra: str) -> subprocess.CompletedProcess:
-    """The search through the command's entry point in this process (the search on Slurm below
-    is a real ``python -m qwen3_trn`` process)."""
+    """The search through the command's entry point in this process (the concurrent searches
+    below, and those on Slurm in tests/test_search_slurm.py, are real ``python -m qwen3_trn``
+    processes)."""
     args = ["hparams_search=tiny_lr", f"hydra.sweeper.n_trials={n_trials}", *SHORT, *extra, f"hydra.sweep.dir={sweep_dir}"]
     return command_in_process(args)
 
@@ -266,34 +266,6 @@ def test_a_two_rank_trial_is_pruned_on_every_rank(tmp_path):
     for rank in (0, 1):  # each rank validated at step 2 and trained no further
         log = (run_dir / "logs" / f"rank{rank}.log").read_text()
         assert "validate step:  2" in log and "step:  3" not in log
-
-
-def test_a_search_on_slurm_prunes_its_trial_on_the_node(slurm_cluster, tmp_path):
-    """launcher=slurm launcher.wait=true: each trial is a Slurm job; its ranks report to the
-    study's journal in the sweep directory from the node, the pruner stops it there, and the search learns its
-    outcome before asking the next trial."""
-    sweep_dir = tmp_path / "sweep"
-    args = [
-        "hparams_search=tiny_lr",
-        "hydra.sweeper.n_trials=1",
-        *SHORT,
-        "launcher=slurm",
-        "launcher.partition=cpu",
-        "launcher.wait=true",
-        "hydra.sweeper.pruner.name=threshold",
-        "+hydra.sweeper.pruner.upper=1.0",
-        "~hydra.sweeper.pruner.n_startup_trials",
-        f"hydra.sweep.dir={sweep_dir}",
-    ]
-    result = command_in_subprocess(args, timeout=600, env=slurm_cluster.env)
-    assert result.returncode == 0, _explain(result)
-    journal = JournalStorage(JournalFileBackend(str(sweep_dir / "optuna.journal")))  # on Slurm: the journal by default
-    assert [t.state for t in optuna.load_study(study_name=STUDY, storage=journal).trials] == [TrialState.PRUNED]
-    job = jobs_by_num(sweep_dir)[0]
-    assert job["status"] == "pruned" and job["job"]["id"], job
-    assert [r["step"] for r in read_metrics(Path(job["run_dir"]))] == [1, 2]
-    summary = read_summary(Path(job["run_dir"]))
-    assert summary["status"] == "pruned" and summary["pruned"]["step"] == 2, summary
 
 
 # --- the trials over wall time (search.html's timeline, search.md's start and end columns) ---

@@ -1,5 +1,6 @@
 """Searches on the two-host Slurm cluster of the tests (tests/slurm_cluster.py ``two_host_cluster``):
-two trials in flight as two Slurm jobs, their ranks reporting to the study from the compute
+two trials in flight as two Slurm jobs (each submitted by a process of its own and followed by
+the search, whatever ``n_concurrent``), their ranks reporting to the study from the compute
 hosts, each pruned there; then the same command again, which resumes the study. The study in the
 cluster's MariaDB server (a database and user of its own, a random password that no file of the
 sweep holds), and in the journal file of the shared sweep directory (the default on Slurm).
