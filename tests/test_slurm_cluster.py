@@ -47,9 +47,14 @@ def sacct_fields(cluster: SlurmCluster, job: str, fields: str, expected: str, ti
 
 
 def test_partitions(slurm_cluster: SlurmCluster):
+    """Both partitions up, and idle once no job runs (the session's cluster: an earlier test's
+    job may still be ending when this one starts)."""
+    deadline = time.monotonic() + 120
+    while (jobs := slurm_cluster.run("squeue", "-h", "-o", "%i").stdout.split()) and time.monotonic() < deadline:
+        time.sleep(1)
     out = slurm_cluster.run("sinfo", "-h", "-o", "%P %a %T").stdout.split("\n")
     rows = {line.split()[0]: line.split()[1:] for line in out if line.strip()}
-    assert rows == {"debug*": ["up", "idle"], "cpu": ["up", "idle"]}, out
+    assert rows == {"debug*": ["up", "idle"], "cpu": ["up", "idle"]}, (out, jobs)
     assert slurm_cluster.partitions == ("debug", "cpu")
     assert slurm_cluster.slurm_conf == str(slurm_cluster.state_dir / "slurm.conf")
 
