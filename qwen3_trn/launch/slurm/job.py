@@ -33,6 +33,7 @@ from qwen3_trn.results.records import (
     update_summary,
 )
 from qwen3_trn.run.preflight import resolve
+from qwen3_trn.run.trials import TrialPruned
 from qwen3_trn.run.worker import WorkerJob
 
 
@@ -112,7 +113,7 @@ class SlurmTrainJob:
             if lead:
                 self.launcher.record_job(run_dir, {"state": "FAILED", "ended": time.time()}, status=RunStatus.failed, job_error=reason)
             raise
-        except SystemExit:  # the run ended itself (a search's pruner stopped it) and recorded how
+        except TrialPruned:  # the run ended itself and recorded how (not submitit's requeue exit)
             if lead:
                 self.launcher.record_job(run_dir, {"ended": time.time()})
             raise
