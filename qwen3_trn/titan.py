@@ -21,7 +21,7 @@ import importlib.util
 import inspect
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -325,21 +325,62 @@ CUDA_GRAPHS_FLAG = _field_feature(
     TrainingConfig,
     "disable_cuda_graphs",
 )
-TRANSFORMERS_BACKEND = _feature(
-    "backend=hf_v5",
-    "from 2026-06-29 to 2026-08-12",
-    "use backend=native (the same Qwen3 in torchtitan's own modeling) or upstream torchtitan 0.3.0",
-    ("torchtitan.experiments.transformers_modeling_backend", "HFTransformerModel"),
-    ("torchtitan.experiments.transformers_modeling_backend", "TitanModelConfig"),
-    ("torchtitan.experiments.transformers_modeling_backend", "TitanMoeModelConfig"),
-    ("torchtitan.experiments.transformers_modeling_backend.configs", "TransformersBackendConfig"),
-    ("torchtitan.experiments.transformers_modeling_backend.parallelize", "parallelize_hf_transformers"),
-    ("torchtitan.experiments.transformers_modeling_backend.pipeline", "pipeline_hf_transformers"),
-    ("torchtitan.experiments.transformers_modeling_backend.state_dict_adapter", "HFTransformerStateDictAdapter"),
-    ("torchtitan.experiments.transformers_modeling_backend.trainer", "HFTransformerTrainer"),
-    ("torchtitan.models.qwen3", "_residual_output_weight_init"),
-    key="backend",
+
+
+class DeferredFeature:
+    """A ``Feature`` whose modules are imported when it is first asked about, for one that only
+    some runs use and whose import is heavy."""
+
+    def __init__(self, load: Callable[[], Feature]) -> None:
+        self._load = functools.cache(load)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._load(), name)
+
+    def __getitem__(self, name: str) -> Any:
+        return self._load()[name]
+
+
+# Imports transformers (about 0.8 s of CPU a process): only backend=hf_v5 builds with it.
+TRANSFORMERS_BACKEND = DeferredFeature(
+    lambda: _feature(
+        "backend=hf_v5",
+        "from 2026-06-29 to 2026-08-12",
+        "use backend=native (the same Qwen3 in torchtitan's own modeling) or upstream torchtitan 0.3.0",
+        ("torchtitan.experiments.transformers_modeling_backend", "HFTransformerModel"),
+        ("torchtitan.experiments.transformers_modeling_backend", "TitanModelConfig"),
+        ("torchtitan.experiments.transformers_modeling_backend", "TitanMoeModelConfig"),
+        ("torchtitan.experiments.transformers_modeling_backend.configs", "TransformersBackendConfig"),
+        ("torchtitan.experiments.transformers_modeling_backend.parallelize", "parallelize_hf_transformers"),
+        ("torchtitan.experiments.transformers_modeling_backend.pipeline", "pipeline_hf_transformers"),
+        ("torchtitan.experiments.transformers_modeling_backend.state_dict_adapter", "HFTransformerStateDictAdapter"),
+        ("torchtitan.experiments.transformers_modeling_backend.trainer", "HFTransformerTrainer"),
+        ("torchtitan.models.qwen3", "_residual_output_weight_init"),
+        key="backend",
+    )
 )
+
+# TRANSFORMERS_BACKEND's names, resolved when a module imports them (``qwen3_trn.hf``).
+_TRANSFORMERS_BACKEND_NAMES = frozenset(
+    {
+        "HFTransformerModel",
+        "TitanModelConfig",
+        "TitanMoeModelConfig",
+        "TransformersBackendConfig",
+        "parallelize_hf_transformers",
+        "pipeline_hf_transformers",
+        "HFTransformerStateDictAdapter",
+        "HFTransformerTrainer",
+        "_residual_output_weight_init",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TRANSFORMERS_BACKEND_NAMES:
+        return TRANSFORMERS_BACKEND[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # torchtitan 0.3 moved the LR scheduler into components.optimizer (2026-08-17).
 try:
@@ -353,15 +394,6 @@ CosSinRoPE = LAYER_ROPE["CosSinRoPE"]
 _generate_llm_fqn_per_model_part = PIPELINE_STAGES["_generate_llm_fqn_per_model_part"]
 _get_pipeline_metadata = PIPELINE_STAGES["_get_pipeline_metadata"]
 _get_pp_rank_to_stage_indices_mapping = PIPELINE_STAGES["_get_pp_rank_to_stage_indices_mapping"]
-HFTransformerModel = TRANSFORMERS_BACKEND["HFTransformerModel"]
-TitanModelConfig = TRANSFORMERS_BACKEND["TitanModelConfig"]
-TitanMoeModelConfig = TRANSFORMERS_BACKEND["TitanMoeModelConfig"]
-TransformersBackendConfig = TRANSFORMERS_BACKEND["TransformersBackendConfig"]
-parallelize_hf_transformers = TRANSFORMERS_BACKEND["parallelize_hf_transformers"]
-pipeline_hf_transformers = TRANSFORMERS_BACKEND["pipeline_hf_transformers"]
-HFTransformerStateDictAdapter = TRANSFORMERS_BACKEND["HFTransformerStateDictAdapter"]
-HFTransformerTrainer = TRANSFORMERS_BACKEND["HFTransformerTrainer"]
-_residual_output_weight_init = TRANSFORMERS_BACKEND["_residual_output_weight_init"]
 
 
 if CONFIG_CONVERTERS.available:

@@ -2,12 +2,15 @@
 ``transformers_modeling_backend`` trainer, with HF safetensors in and out. Its ``config.json`` is
 built from the ``model`` group (the same architecture as backend=native), or read from
 ``model.hf_model`` with the group's overrides on top (``qwen3_trn.models.hf_config``).
+
+torchtitan's transformers backend (``qwen3_trn.hf.modeling``, which imports transformers) is
+imported by the hooks that build with it, not with this module: every run registers this mode.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, get_args
+from typing import TYPE_CHECKING, Any, Callable
 
 from qwen3_trn.backends.aligned_experts import align_token_groups, moe_token_groups, token_group_alignment
 from qwen3_trn.backends.base import KERNEL_KEY, Backend, flavor_architecture
@@ -16,9 +19,6 @@ from qwen3_trn.config.option_schemas import HfV5BackendConfig
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.devices import DeviceSpec
 from qwen3_trn.hf.checkpoint import check_hf_checkpoint
-from qwen3_trn.hf.model import parallelize_keeping_tied_embeddings
-from qwen3_trn.hf.state_dict import Qwen3HFStateDictAdapter
-from qwen3_trn.hf.trainer import Qwen3HFTrainer
 from qwen3_trn.models.architecture import Qwen3Architecture
 from qwen3_trn.models.hf_config import (
     hf_architecture_name,
@@ -27,31 +27,15 @@ from qwen3_trn.models.hf_config import (
     load_hf_config,
     write_hf_config_dir,
 )
-from qwen3_trn.titan import (
-    TRANSFORMERS_BACKEND,
-    HFTransformerModel,
-    ModelSpec,
-    TitanModelConfig,
-    TitanMoeModelConfig,
-    parallelize_hf_transformers,
-    pipeline_hf_transformers,
-    register_moe_load_balancing_hook,
-)
+from qwen3_trn.titan import TRANSFORMERS_BACKEND, ModelSpec
+
+if TYPE_CHECKING:
+    from qwen3_trn.hf.trainer import Qwen3HFTrainer
 
 # The name torchtitan registers its flex-attention shim under in transformers' AttentionInterface.
 TITAN_ATTENTION = "flex_torchtitan"
 # Causal SDPA for HF attention, on devices whose default attention is SDPA (CPU, Neuron).
 SDPA_ATTENTION = "qwen3_trn_causal_sdpa"
-
-
-def experts_implementations() -> tuple[str, ...]:
-    """The values torchtitan's TitanMoeModelConfig.experts_implementation accepts."""
-    return tuple(get_args(TitanMoeModelConfig.__dataclass_fields__["experts_implementation"].type)) or (
-        "grouped_mm",
-        "batched_mm",
-        "eager",
-        "native",
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -149,18 +133,6 @@ def aligning_token_groups(parallelize_fn: Callable, alignment: int) -> Callable:
 # --------------------------------------------------------------------------------------------
 
 
-def titan_hf_model_config(arch: Qwen3Architecture, experts_implementation: str | None = None):
-    """torchtitan's ``HFTransformerModel.Config`` for the architecture: every size comes from
-    the HF config.json (no flavor overrides), only the MoE kernel choice is set here."""
-    if arch.is_moe:
-        titan = TitanMoeModelConfig()
-        if experts_implementation:
-            titan.experts_implementation = experts_implementation
-    else:
-        titan = TitanModelConfig()
-    return HFTransformerModel.Config(model_config=titan)
-
-
 class HfV5Backend(Backend):
     Config = HfV5BackendConfig
 
@@ -174,25 +146,22 @@ class HfV5Backend(Backend):
         return hf_config(cfg, arch)
 
     def model_spec(self, cfg: RunConfig, arch: Qwen3Architecture, device: DeviceSpec) -> ModelSpec:
-        config = titan_hf_model_config(arch, self.config.hf_experts_implementation)
-        parallelize = parallelize_keeping_tied_embeddings(parallelize_hf_transformers)
-        if runs_sdpa(device):
-            parallelize = use_causal_sdpa_attention(config, parallelize)
-        alignment = token_group_alignment(device.type)
-        if arch.is_moe and alignment:
-            parallelize = aligning_token_groups(parallelize, alignment)
-        return ModelSpec(
-            name="transformers_modeling_backend",
-            flavor=hf_architecture_name(arch),
-            model=config,
-            parallelize_fn=parallelize,
-            pipelining_fn=pipeline_hf_transformers,
-            post_optimizer_build_fn=register_moe_load_balancing_hook,
-            state_dict_adapter=Qwen3HFStateDictAdapter,
-        )
+        from qwen3_trn.hf.modeling import hf_model_spec
+
+        def adapt(model_config: Any, parallelize: Callable) -> Callable:
+            if runs_sdpa(device):
+                parallelize = use_causal_sdpa_attention(model_config, parallelize)
+            alignment = token_group_alignment(device.type)
+            if arch.is_moe and alignment:
+                parallelize = aligning_token_groups(parallelize, alignment)
+            return parallelize
+
+        return hf_model_spec(arch, self.config.hf_experts_implementation, hf_architecture_name(arch), adapt)
 
     def trainer_config_class(self) -> type[Qwen3HFTrainer.Config]:
-        return Qwen3HFTrainer.Config
+        from qwen3_trn.hf.modeling import trainer_config_class
+
+        return trainer_config_class()
 
     def trainer_fields(self, cfg: RunConfig) -> dict[str, Any]:
         return {"hf_model": hf_config_dir(cfg)}
@@ -202,6 +171,8 @@ class HfV5Backend(Backend):
             raise TRANSFORMERS_BACKEND.refusal()
         impl = self.config.hf_experts_implementation
         if impl is not None:
+            from qwen3_trn.hf.modeling import experts_implementations
+
             allowed = experts_implementations()
             if not arch.is_moe:
                 raise ConfigError(
