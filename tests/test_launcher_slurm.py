@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from qwen3_trn.common.errors import ConfigError
+from qwen3_trn.launch.slurm.job import TermWatch
 from qwen3_trn.results.records import read_job_record, read_json, read_manifest, read_metrics, read_summary
 from tests.commands import command_in_process, command_in_subprocess
 from tests.conftest import REPO, command_in_process, compose_config
@@ -459,3 +461,19 @@ def test_secrets_reach_the_job_through_its_environment_not_a_file(slurm_cluster:
     assert final["status"] == "completed", _job_log(run_dir)[-3000:]
     assert list((run_dir / "wandb").glob("offline-run-*")) and list((run_dir / "slurm").glob("*_submission.sh"))
     assert files_with_secrets(run_dir) == []
+
+
+def test_a_sigterm_taken_by_the_elastic_agents_handler_still_reads_as_slurm_stopping_the_job():
+    """Slurm's SIGTERM reaches the job's process and its ranks together; torch elastic's agent,
+    whose handler holds SIGTERM while it runs, may raise its ranks' failure before its own
+    SignalException. The job must still wait for the requeue, not record a failure."""
+    before = signal.getsignal(signal.SIGTERM)
+    watch = TermWatch()
+    try:
+        assert not watch.stopped_by_slurm(RuntimeError("rank 0 failed"))
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)  # the agent's handler, which swallows it here
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert watch.stopped_by_slurm(RuntimeError("rank 0 failed: Signal 15 (SIGTERM)"))
+    finally:
+        watch.restore()
+        signal.signal(signal.SIGTERM, before)

@@ -40,28 +40,50 @@ from qwen3_trn.run.worker import WorkerJob
 class TermWatch:
     """Notes SIGTERM (Slurm's first signal on scancel, and on a preemption that sends no user
     signal first), then calls the handler it replaced (submitit's, which ignores it: the
-    requeue comes with USR2)."""
+    requeue comes with USR2).
+
+    torch elastic's agent takes SIGTERM over while it runs its ranks, so a SIGTERM that comes then
+    is seen through Python's signal wakeup fd, which the interpreter writes every caught signal's
+    number to, whichever handler runs: the agent may report its ranks' deaths (Slurm signals them
+    too) before its own SignalException."""
 
     def __init__(self) -> None:
         self.received: list[float] = []
         self.previous = signal.getsignal(signal.SIGTERM)
+        self._wakeup_r, self._wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             signal.signal(signal.SIGTERM, self._on_term)
+            self.previous_wakeup_fd = signal.set_wakeup_fd(self._wakeup_w, warn_on_full_buffer=False)
         except ValueError:  # not the main thread
-            pass
+            self.previous_wakeup_fd = None
 
     def _on_term(self, signum, frame) -> None:
         self.received.append(time.time())
         if callable(self.previous):
             self.previous(signum, frame)
 
+    def _caught_signals(self) -> bytes:
+        caught = b""
+        while True:
+            try:
+                chunk = os.read(self._wakeup_r, 512)
+            except BlockingIOError:
+                return caught
+            if not chunk:
+                return caught
+            caught += chunk
+
     def restore(self) -> None:
         signal.signal(signal.SIGTERM, self.previous)
+        if self.previous_wakeup_fd is not None:
+            signal.set_wakeup_fd(self.previous_wakeup_fd)
 
     def stopped_by_slurm(self, exc: BaseException) -> bool:
-        """The ranks ended because Slurm is stopping the job: SIGTERM reached this process, or
-        the elastic agent turned it into its SignalException (it takes SIGTERM over while it runs;
-        the local launcher raises that as RunInterrupted)."""
+        """The ranks ended because Slurm is stopping the job: SIGTERM reached this process (through
+        any handler), or the elastic agent turned it into its SignalException (the local launcher
+        raises that as RunInterrupted)."""
+        if signal.SIGTERM in self._caught_signals():
+            self.received.append(time.time())
         return bool(self.received) or isinstance(exc, RunInterrupted) or type(exc).__name__ == "SignalException"
 
 
