@@ -111,3 +111,25 @@ def command_in_subprocess(
         process.communicate()
         raise
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
+def rank_processes(pids: list[int]) -> list[int]:
+    """Of ``pids``, the ranks torch elastic's agent started: on CPU, the children of the fork
+    server the launcher started for them (qwen3_trn.launch.node), which has their command line."""
+    servers = {pid for pid in pids if _is_fork_server(pid) and not _is_fork_server(_parent_of(pid))}
+    return [pid for pid in pids if _parent_of(pid) in servers]
+
+
+def _is_fork_server(pid: int | None) -> bool:
+    """A process with a fork server's command line: the server, or a process it forked."""
+    try:
+        return b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False

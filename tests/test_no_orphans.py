@@ -1,10 +1,11 @@
 """No rank outlives its launcher: SIGKILL of the launching process (nothing it can catch) ends
 every rank of a multi-rank run, and the run's records say it did not complete.
 
-Two things make ranks die with their launcher: torch's spawn asks the kernel for a SIGINT to
-each rank when its parent dies (a rank can catch or miss that: one stuck in a collective, one
-whose SIGINT is ignored), and ``worker.die_with_launcher`` asks for a SIGKILL, which no rank
-can. The first test runs the real command as ``nohup ... &`` would; the second shows the
+Two things make ranks die with their launcher: torch's multiprocessing asks the kernel for a
+SIGINT to each rank when its parent dies (the launcher, or on CPU the fork server it started
+the ranks from, which ends with it), which a rank can catch or miss (one stuck in a collective,
+one whose SIGINT is ignored), and ``worker.die_with_launcher`` asks for a SIGKILL, which no
+rank can. The first test runs the real command as ``nohup ... &`` would; the second shows the
 project's own signal alone, on a process that ignores SIGINT.
 """
 

@@ -16,8 +16,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from qwen3_trn.checkpointing import CheckpointSaveError, GuardedCheckpointManager
 from qwen3_trn.results.records import read_metrics, read_summary
 from qwen3_trn.titan import CheckpointManager
-from tests.commands import command_in_process, command_in_subprocess, start_command
-from tests.secret_values import SECRETS_IN_ENV, SECRETS_IN_LAUNCHER_ENV, files_with_secrets, process_cmdline, process_env, secret_args
+from tests.commands import command_in_process, command_in_subprocess, rank_processes, start_command
+from tests.secret_values import SECRETS_IN_ENV, SECRETS_IN_LAUNCHER_ENV, files_with_secrets, process_env, secret_args
 
 pytestmark = pytest.mark.slow
 
@@ -184,7 +184,7 @@ def test_no_secret_is_written_but_the_ranks_see_them(tmp_path):
         env=SECRETS_IN_ENV,
     )
     wait_for(lambda: steps_logged(run_dir) >= 1, 300, "the first step", run)
-    ranks = [process_env(pid) for pid in session_processes(run.pid) if "spawn_main" in process_cmdline(pid)]
+    ranks = [process_env(pid) for pid in rank_processes(session_processes(run.pid))]
     out, err = run.communicate(timeout=600)
     assert run.returncode == 0, err[-3000:]
     # the ranks got launcher.env's values (they win over the environment's) and the rest of the environment

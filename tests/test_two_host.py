@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from qwen3_trn.results.records import read_metrics, read_summary
+from tests.commands import rank_processes
 from tests.conftest import TWO_BY_TWO_TRAINING, compose_config
 from tests.node_agents import free_port, head_node, run_node_agents
 from tests.slurm_cluster import SlurmCluster, two_host_cluster, two_host_env, wait_for_state  # noqa: F401
@@ -184,15 +185,7 @@ def test_two_host_requeued_job_resumes_with_the_same_wandb_run(two_host_env: Slu
 def _rank_pids(namespace: str) -> list[int]:
     """The training ranks (started by torch elastic's agent) running in a network namespace."""
     pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, check=True).stdout.split()
-    ranks = []
-    for pid in map(int, pids):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if "spawn_main" in cmdline:  # the agent starts its ranks with multiprocessing's spawn
-            ranks.append(pid)
-    return ranks
+    return rank_processes([int(pid) for pid in pids])
 
 
 def test_two_host_ranks_of_one_node_killed_fail_the_job_and_it_resumes(two_host_env: SlurmCluster, tmp_path: Path):
