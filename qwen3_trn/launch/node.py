@@ -9,8 +9,6 @@ launcher that runs ranks elsewhere (a Slurm job) calls ``start_node_ranks`` ther
 
 from __future__ import annotations
 
-import multiprocessing
-import multiprocessing.forkserver
 import os
 import shlex
 import socket
@@ -22,6 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 from qwen3_trn.common.errors import RunInterrupted
+from qwen3_trn.common.fork_server import fork_server
 from qwen3_trn.common.redact import looks_secret, passed_env
 from qwen3_trn.config.schema import LauncherConfig, RendezvousBackend
 from qwen3_trn.devices import resolve_device
@@ -157,7 +156,8 @@ def _elastic_launch(job: WorkerJob, env: dict[str, str], rdzv_backend: str) -> N
         start_method=RANK_START_METHODS.get(job.device_type, "spawn"),
         logs_specs=logs,
     )
-    with environment(env), _fork_server_of_this_launch(config.start_method):
+    server = fork_server([run_worker.__module__]) if config.start_method == "forkserver" else nullcontext()
+    with environment(env), server:
         try:
             elastic_launch(config, run_worker)(job)
         except SignalException as exc:  # the elastic agent stopped every rank on SIGINT/SIGTERM
@@ -169,23 +169,6 @@ def _elastic_launch(job: WorkerJob, env: dict[str, str], rdzv_backend: str) -> N
 # importing them again (about 4 s of CPU a rank). Elsewhere each rank is a fresh interpreter, as
 # torchrun starts it: a device runtime must not be loaded before its rank's environment is set.
 RANK_START_METHODS = {"cpu": "forkserver"}
-
-
-@contextmanager
-def _fork_server_of_this_launch(start_method: str) -> Iterator[None]:
-    """A fork server started for this launch and stopped after it: its ranks get the environment
-    and working directory of this launch, not of an earlier one in this process (a sweep's jobs).
-    Python keeps one fork server per process; ``ForkServer._stop`` (CPython 3.8+) ends it."""
-    if start_method != "forkserver":
-        yield
-        return
-    server = multiprocessing.forkserver._forkserver
-    server._stop()
-    multiprocessing.set_forkserver_preload([run_worker.__module__])
-    try:
-        yield
-    finally:
-        server._stop()
 
 
 def with_rendezvous(job: WorkerJob, endpoint: str | None, run_id: str) -> WorkerJob:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import multiprocessing.forkserver
 import os
 import signal
 import socket
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 
 from qwen3_trn.backends import Backend
+from qwen3_trn.common.fork_server import release_fork_server
 from qwen3_trn.common.redact import RedactingFormatter, looks_secret
 from qwen3_trn.config.schema import RunConfig
 from qwen3_trn.devices import DeviceSpec, resolve_device
@@ -87,19 +87,6 @@ ELASTIC_RANK_ENV = "TORCHELASTIC_RUN_ID"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def _release_fork_server() -> None:
-    """A rank forked from a fork server (CPU ranks: qwen3_trn.launch.node) holds the write end
-    of the server's liveness pipe, which multiprocessing hands every child so that it may use the
-    server too (CPython's ``forkserver._serve_one``). Held by the ranks, it keeps the server
-    alive after the launcher dies, and with it the ranks, whose death signal is the server's end.
-    Closed here: the server ends with the launcher. The rank's own processes, if any, start
-    from a server of their own."""
-    server = multiprocessing.forkserver._forkserver
-    if server._forkserver_alive_fd is not None and server._forkserver_pid is None:  # a fork server's child
-        os.close(server._forkserver_alive_fd)
-        server._forkserver_alive_fd = None
-
-
 def die_with_launcher() -> None:
     """A rank that torch elastic's agent started is killed when the agent's process dies.
 
@@ -110,7 +97,7 @@ def die_with_launcher() -> None:
     A rank trained in-process (a one-rank world) is the launching process itself."""
     if ELASTIC_RANK_ENV not in os.environ or not sys.platform.startswith("linux"):
         return
-    _release_fork_server()
+    release_fork_server()
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         logging.getLogger(__name__).warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())

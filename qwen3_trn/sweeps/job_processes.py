@@ -3,21 +3,22 @@
 Hydra's launchers take a batch of jobs and return once all of them ended; a search that keeps
 N trials in flight starts each the moment one ends. Here one job is Hydra's ``run_job`` in a
 child process, as Hydra's joblib launcher runs it (its ``execute_job``): the sweep's config,
-Hydra's context and the task function, cloudpickled onto the child's stdin (never a file). The
-child leads a session of its own, so its ranks are one process group: ``stop_jobs`` interrupts
-them all with one signal, and a terminal's Ctrl-C reaches the sweep only, which decides.
+Hydra's context and the task function, cloudpickled through the process's pipe (never a file).
+The children fork from a server that imported the run's modules once (``job_server``); each
+leads a session of its own, so its ranks are one process group: ``stop_jobs`` interrupts them all
+with one signal, and a terminal's Ctrl-C reaches the sweep only, which decides. A job keeps the
+host allocator of the sweep's process (the command restarted that under tcmalloc).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
-import subprocess
-import sys
-import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import cloudpickle
 from hydra.core.hydra_config import HydraConfig
@@ -25,7 +26,8 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import configure_log, run_job, setup_globals
 from omegaconf import open_dict
 
-from qwen3_trn.common.allocator import exec_with_tcmalloc
+from qwen3_trn.common.fork_server import fork_server, release_fork_server
+from qwen3_trn.run import worker
 
 # How long an interrupted job has to record its end before it is killed.
 STOP_GRACE_S = 30.0
@@ -34,16 +36,24 @@ STOP_GRACE_S = 30.0
 @dataclass
 class JobProcess:
     num: int
-    process: subprocess.Popen
+    process: multiprocessing.process.BaseProcess
     started: float = field(default_factory=time.time)
 
     @property
     def ended(self) -> bool:
-        return self.process.poll() is not None
+        return self.process.exitcode is not None
+
+
+@contextmanager
+def job_server() -> Iterator[None]:
+    """The fork server the jobs started in this block fork from (the run's modules imported once)."""
+    with fork_server([worker.__name__]):
+        yield
 
 
 def start_job(num: int, overrides: Sequence[str], hydra_context: Any, config: Any, task_function: Any) -> JobProcess:
-    """Job ``num`` of the sweep (``config``: the sweep's) with ``overrides``, in a new process."""
+    """Job ``num`` of the sweep (``config``: the sweep's) with ``overrides``, in a new process
+    (forked from ``job_server``'s server where one runs, else from one started for it)."""
     payload = cloudpickle.dumps(
         {
             "num": num,
@@ -54,24 +64,20 @@ def start_job(num: int, overrides: Sequence[str], hydra_context: Any, config: An
             "singletons": Singleton.get_state(),
         }
     )
-    process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, start_new_session=True)
-    # more than a pipe holds: fed while the child starts, so that the sweep goes on meanwhile
-    threading.Thread(target=_feed, args=(process.stdin, payload), daemon=True).start()
+    process = multiprocessing.get_context("forkserver").Process(target=_job_main, args=(payload,), name=f"sweep job {num}")
+    process.start()
     return JobProcess(num, process)
-
-
-def _feed(pipe: Any, payload: bytes) -> None:
-    try:
-        pipe.write(payload)
-        pipe.close()
-    except (BrokenPipeError, ValueError):  # the child is gone already: its exit status says so
-        pass
 
 
 def _signal_group(job: JobProcess, signum: int) -> None:
     try:
         os.killpg(job.process.pid, signum)
-    except (ProcessLookupError, PermissionError):
+    except ProcessLookupError:  # not yet the leader of its session: the process alone
+        try:
+            os.kill(job.process.pid, signum)
+        except ProcessLookupError:
+            pass
+    except PermissionError:
         pass
 
 
@@ -86,7 +92,7 @@ def stop_jobs(jobs: Iterable[JobProcess], grace_s: float = STOP_GRACE_S) -> None
         time.sleep(0.2)
     for job in jobs:
         _signal_group(job, signal.SIGKILL)  # the job's ranks, even where its leader ended
-        job.process.wait()
+        job.process.join()
 
 
 def _run_job(job: dict[str, Any]) -> None:
@@ -109,13 +115,10 @@ def _run_job(job: dict[str, Any]) -> None:
     _ = result.return_value  # raises where the job failed outside the sweep's own recording
 
 
-def main() -> None:
-    exec_with_tcmalloc()  # as the command itself does; its stdin is still unread
-    _run_job(cloudpickle.loads(sys.stdin.buffer.read()))
+def _job_main(payload: bytes) -> None:
+    release_fork_server()
+    os.setsid()
+    _run_job(cloudpickle.loads(payload))
 
 
-if __name__ == "__main__":
-    main()
-
-
-__all__ = ["JobProcess", "start_job", "stop_jobs"]
+__all__ = ["JobProcess", "job_server", "start_job", "stop_jobs"]

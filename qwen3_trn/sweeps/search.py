@@ -87,7 +87,7 @@ from qwen3_trn.run.trials import (
     study_storage,
     without_password,
 )
-from qwen3_trn.sweeps.job_processes import JobProcess, start_job, stop_jobs
+from qwen3_trn.sweeps.job_processes import JobProcess, job_server, start_job, stop_jobs
 from qwen3_trn.sweeps.sweep import collect_jobs, rerun_command, settle_jobs, start_sweep_record, sweep_seeds
 from qwen3_trn.sweeps.sweeper import CheckedSweeper, JobCheck
 
@@ -228,7 +228,8 @@ class SearchSweeper(CheckedSweeper):
             print(f"[search] study {name} resumed from {storage}: {_counts(study)}", flush=True)
 
         trial_keys = [f"{TRIAL_KEY}.storage={_quoted(storage)}", f"{TRIAL_KEY}.study={_quoted(name)}"]
-        self._run_trials(study, space, [*fixed, *trial_keys], sweep_dir)
+        with job_server():  # started by the first trial in a process of its own
+            self._run_trials(study, space, [*fixed, *trial_keys], sweep_dir)
 
         jobs = _jobs(sweep_dir)
         report = write_search_report(study, sweep_dir, jobs, rerun_command)
@@ -329,7 +330,7 @@ class SearchSweeper(CheckedSweeper):
             return False
         if trial.process is not None and record is None:
             print(
-                f"[search] trial {trial.number}: its process ended ({trial.process.process.returncode}) before it recorded anything",
+                f"[search] trial {trial.number}: its process ended ({trial.process.process.exitcode}) before it recorded anything",
                 flush=True,
             )
         self._tell(study, trial.number, record)
