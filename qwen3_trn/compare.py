@@ -1,7 +1,8 @@
 """``python -m qwen3_trn.compare [OVERRIDES ...]``: do the training modes compute the same model?
 
 Trains every mode that can build the model from the same initial weights and batches, each a
-real ``python -m qwen3_trn`` run, and reports per step each mode's loss difference to
+real ``python -m qwen3_trn`` run (a process forked from a server that imported torch and
+torchtitan once for the comparison), and reports per step each mode's loss difference to
 ``native`` against its tolerance (``MEASURED``). Exit status: 0 every mode agrees, 1 one does
 not or its run failed, 2 a bad command. How and why: docs/parity.md.
 """
@@ -11,14 +12,24 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
+import multiprocessing
+import os
+import runpy
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from qwen3_trn.cli.early import CONF_DIR, command_problems
-from qwen3_trn.cli.exits import imports_of_entry_point
+from qwen3_trn.common.allocator import exec_with_tcmalloc
+
+# First, before torch loads, as ``python -m qwen3_trn`` does: the modes' runs fork from this
+# process's server and keep its host allocator (qwen3_trn.common.allocator).
+if __name__ == "__main__":
+    exec_with_tcmalloc()
+
+from qwen3_trn.cli.early import CONF_DIR, command_problems  # noqa: E402
+from qwen3_trn.cli.exits import imports_of_entry_point  # noqa: E402
+from qwen3_trn.common.fork_server import fork_server, release_fork_server  # noqa: E402
 
 # A torchtitan that lacks what the package uses: exit 2 as the command (qwen3_trn.cli.exits).
 with imports_of_entry_point(__name__):
@@ -26,6 +37,7 @@ with imports_of_entry_point(__name__):
     from qwen3_trn.config.overrides import override_key
     from qwen3_trn.kernels.registry import DEVICE_KERNELS
     from qwen3_trn.results.records import LOGS_DIR, read_metrics, read_summary, write_json_atomic, write_text_atomic
+    from qwen3_trn.run import worker
     from qwen3_trn.run.tracking import wandb_api_key
     from qwen3_trn.titan import TRANSFORMERS_BACKEND
 
@@ -211,15 +223,26 @@ def run_mode(name: str, overrides: list[str], out: Path) -> Path:
     run_dir = out / name.replace("/", "-")
     log = out / LOGS_DIR / f"{run_dir.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "qwen3_trn", *overrides, f"hydra.run.dir={run_dir}"]
+    args = [*overrides, f"hydra.run.dir={run_dir}"]
     print(f"parity: {name} ...", flush=True)
-    with log.open("w") as sink:
-        sink.write(" ".join(command) + "\n")
-        sink.flush()
-        status = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT).returncode
-    if status != 0:
-        raise RunFailed(name, status, log)
+    log.write_text(" ".join([sys.executable, "-m", "qwen3_trn", *args]) + "\n")
+    process = multiprocessing.get_context("forkserver").Process(target=_run_command, args=(args, str(log)), name=f"parity {name}")
+    process.start()
+    process.join()
+    if process.exitcode != 0:
+        raise RunFailed(name, process.exitcode, log)
     return run_dir
+
+
+def _run_command(args: list[str], log: str) -> None:
+    """``python -m qwen3_trn ARGS`` in this child of the comparison's fork server, its output
+    appended to ``log``."""
+    release_fork_server()
+    with open(log, "a") as sink:
+        os.dup2(sink.fileno(), sys.stdout.fileno())
+        os.dup2(sink.fileno(), sys.stderr.fileno())
+    sys.argv = ["qwen3_trn", *args]
+    runpy.run_module("qwen3_trn", run_name="__main__", alter_sys=True)
 
 
 def is_hf_folder(path: Path) -> bool:
@@ -377,7 +400,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_intermixed_args(argv)  # overrides before and after the options
     modes = [m.strip() for m in args.modes.split(",") if m.strip()] if args.modes else None
     try:
-        parity = compare(args.overrides, args.out or default_out(), modes, args.extra, args.tolerance)
+        with fork_server([worker.__name__]):  # started by the first run
+            parity = compare(args.overrides, args.out or default_out(), modes, args.extra, args.tolerance)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_BAD_COMMAND)

@@ -17,6 +17,7 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import multiprocessing
 import os
 import sys
 from pathlib import Path
@@ -78,6 +79,8 @@ def exec_with_tcmalloc() -> None:
     except ConfigError:
         return  # reported as bad input once the command runs (app.execute), before anything starts
     if choice != "auto" or uses_tcmalloc() or os.environ.get(_RESTARTED_ENV):
+        return
+    if multiprocessing.parent_process() is not None:  # a child keeps its parent's allocator: its argv is not a command's
         return
     library = tcmalloc_library()
     if library is None or not hasattr(sys, "orig_argv"):
