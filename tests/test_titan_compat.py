@@ -6,6 +6,7 @@ and the version found."""
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -42,24 +43,35 @@ def test_only_the_compat_module_imports_torchtitan():
 
 
 # The child removes names from torchtitan's modules after importing them (so torchtitan's own
-# modules are whole), then runs the entry point as ``python -m qwen3_trn`` does.
+# modules are whole), then runs each entry point as ``python -m ENTRY`` does, one after another
+# (each imports qwen3_trn.titan afresh: a failed import leaves no module behind), and prints
+# each one's exit status and stderr.
 CHILD = """
-import importlib, runpy, sys
+import contextlib, importlib, io, json, runpy, sys
 for module in {modules!r}:
     importlib.import_module(module)
 for module, name in {removed!r}:
     delattr(sys.modules[module], name)
-sys.argv = [{entry!r}, *{args!r}]
-runpy.run_module({entry!r}, run_name="__main__", alter_sys=True)
+results = {{}}
+for entry, args in {commands!r}:
+    sys.argv, stderr, status = [entry, *args], io.StringIO(), 0
+    with contextlib.redirect_stderr(stderr):
+        try:
+            runpy.run_module(entry, run_name="__main__", alter_sys=True)
+        except SystemExit as exc:
+            status = exc.code
+    results[entry] = [status, stderr.getvalue()]
+print(json.dumps(results))
 """
 REMOVED = [("torchtitan.components.validate", "Validator"), ("torchtitan.models.qwen3", "model_registry")]
 
 
-def run_without_names(entry: str, args: list[str]) -> subprocess.CompletedProcess:
-    """``python -m ENTRY ARGS`` on a torchtitan that lacks ``REMOVED``."""
+def run_without_names(commands: list[tuple[str, list[str]]]) -> dict[str, subprocess.CompletedProcess]:
+    """``python -m ENTRY ARGS`` of each command on a torchtitan that lacks ``REMOVED``, in one
+    process: each entry's exit status and stderr."""
     modules = sorted({module for module, _ in titan.imported_names(Path(titan.__file__).read_text())})
-    code = CHILD.format(modules=modules, removed=REMOVED, entry=entry, args=args)
-    return subprocess.run(
+    code = CHILD.format(modules=modules, removed=REMOVED, commands=commands)
+    done = subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,
         env=cli_env({"QWEN3_TRN_HOST_ALLOCATOR": "system"}),
@@ -67,6 +79,9 @@ def run_without_names(entry: str, args: list[str]) -> subprocess.CompletedProces
         text=True,
         timeout=300,
     )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.splitlines()[-1])
+    return {entry: subprocess.CompletedProcess(entry, status, "", stderr) for entry, (status, stderr) in results.items()}
 
 
 def assert_one_error_naming_the_missing_names(done: subprocess.CompletedProcess) -> None:
@@ -86,15 +101,24 @@ def test_missing_torchtitan_names_are_one_error_before_anything_starts(multirun,
     args = ["mode=plan", f"output_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'run'}"]
     if multirun:
         args = ["-m", "mode=plan", "training.seed=1,2", f"hydra.sweep.dir={tmp_path / 'run'}"]
-    assert_one_error_naming_the_missing_names(run_without_names("qwen3_trn", args))
+    assert_one_error_naming_the_missing_names(run_without_names([("qwen3_trn", args)])["qwen3_trn"])
     assert not (tmp_path / "run").exists()
 
 
 # Every other ``python -m qwen3_trn.<tool>`` that imports torchtitan (qwen3_trn.report does not).
+TOOLS = ["qwen3_trn.status", "qwen3_trn.verify", "qwen3_trn.rank", "qwen3_trn.sweeps", "qwen3_trn.compare"]
+
+
+@pytest.fixture(scope="module")
+def tools_without_names(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess]:
+    folder = tmp_path_factory.mktemp("tools")
+    return run_without_names([(entry, [str(folder)]) for entry in TOOLS])
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", ["qwen3_trn.status", "qwen3_trn.verify", "qwen3_trn.rank", "qwen3_trn.sweeps", "qwen3_trn.compare"])
-def test_every_entry_point_names_the_missing_names_with_exit_2(entry, tmp_path):
-    assert_one_error_naming_the_missing_names(run_without_names(entry, [str(tmp_path)]))
+@pytest.mark.parametrize("entry", TOOLS)
+def test_every_entry_point_names_the_missing_names_with_exit_2(entry, tools_without_names):
+    assert_one_error_naming_the_missing_names(tools_without_names[entry])
 
 
 def test_a_missing_module_or_name_is_named():
