@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing
 import os
 import runpy
 import sys
@@ -29,7 +28,7 @@ if __name__ == "__main__":
 
 from qwen3_trn.cli.early import CONF_DIR, command_problems  # noqa: E402
 from qwen3_trn.cli.exits import imports_of_entry_point  # noqa: E402
-from qwen3_trn.common.fork_server import fork_server, release_fork_server  # noqa: E402
+from qwen3_trn.common.fork_server import fork_server, start_child  # noqa: E402
 
 # A torchtitan that lacks what the package uses: exit 2 as the command (qwen3_trn.cli.exits).
 with imports_of_entry_point(__name__):
@@ -226,8 +225,7 @@ def run_mode(name: str, overrides: list[str], out: Path) -> Path:
     args = [*overrides, f"hydra.run.dir={run_dir}"]
     print(f"parity: {name} ...", flush=True)
     log.write_text(" ".join([sys.executable, "-m", "qwen3_trn", *args]) + "\n")
-    process = multiprocessing.get_context("forkserver").Process(target=_run_command, args=(args, str(log)), name=f"parity {name}")
-    process.start()
+    process = start_child(_run_command, args, str(log), name=f"parity {name}")
     process.join()
     if process.exitcode != 0:
         raise RunFailed(name, process.exitcode, log)
@@ -237,7 +235,6 @@ def run_mode(name: str, overrides: list[str], out: Path) -> Path:
 def _run_command(args: list[str], log: str) -> None:
     """``python -m qwen3_trn ARGS`` in this child of the comparison's fork server, its output
     appended to ``log``."""
-    release_fork_server()
     with open(log, "a") as sink:
         os.dup2(sink.fileno(), sys.stdout.fileno())
         os.dup2(sink.fileno(), sys.stderr.fileno())

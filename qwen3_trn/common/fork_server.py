@@ -1,6 +1,7 @@
 """Child processes forked from a server that imported their heavy modules once (multiprocessing's
 ``forkserver`` start method), instead of each importing torch and torchtitan again (about 4 s of
-CPU a process): CPU ranks (``launch.node``) and a search's concurrent trials (``sweeps.job_processes``).
+CPU a process): CPU ranks (``launch.node``, started by torch elastic), a search's concurrent trials
+(``sweeps.job_processes``) and the comparison's mode runs (``compare``).
 """
 
 from __future__ import annotations
@@ -9,11 +10,11 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 
 @contextmanager
-def fork_server(preload: Sequence[str]) -> Iterator[multiprocessing.context.ForkServerContext]:
+def fork_server(preload: Sequence[str]) -> Iterator[None]:
     """A fork server that imported ``preload``, started for this block and stopped after it: its
     children get the block's environment and working directory, not those of an earlier server
     of this process. Python keeps one fork server per process; ``ForkServer._stop`` (CPython
@@ -22,7 +23,7 @@ def fork_server(preload: Sequence[str]) -> Iterator[multiprocessing.context.Fork
     server._stop()
     multiprocessing.set_forkserver_preload(list(preload))
     try:
-        yield multiprocessing.get_context("forkserver")
+        yield
     finally:
         server._stop()
 
@@ -39,4 +40,17 @@ def release_fork_server() -> None:
         server._forkserver_alive_fd = None
 
 
-__all__ = ["fork_server", "release_fork_server"]
+def start_child(target: Callable[..., None], *args: Any, name: str) -> multiprocessing.process.BaseProcess:
+    """``target(*args)`` in a child of this process's fork server (``fork_server``), which
+    releases the server first (``release_fork_server``)."""
+    process = multiprocessing.get_context("forkserver").Process(target=_released, args=(target, *args), name=name)
+    process.start()
+    return process
+
+
+def _released(target: Callable[..., None], *args: Any) -> None:
+    release_fork_server()
+    target(*args)
+
+
+__all__ = ["fork_server", "release_fork_server", "start_child"]

@@ -26,7 +26,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import configure_log, run_job, setup_globals
 from omegaconf import open_dict
 
-from qwen3_trn.common.fork_server import fork_server, release_fork_server
+from qwen3_trn.common.fork_server import fork_server, start_child
 from qwen3_trn.run import worker
 
 # How long an interrupted job has to record its end before it is killed.
@@ -64,9 +64,7 @@ def start_job(num: int, overrides: Sequence[str], hydra_context: Any, config: An
             "singletons": Singleton.get_state(),
         }
     )
-    process = multiprocessing.get_context("forkserver").Process(target=_job_main, args=(payload,), name=f"sweep job {num}")
-    process.start()
-    return JobProcess(num, process)
+    return JobProcess(num, start_child(_job_main, payload, name=f"sweep job {num}"))
 
 
 def _signal_group(job: JobProcess, signum: int) -> None:
@@ -116,7 +114,6 @@ def _run_job(job: dict[str, Any]) -> None:
 
 
 def _job_main(payload: bytes) -> None:
-    release_fork_server()
     os.setsid()
     _run_job(cloudpickle.loads(payload))
 
