@@ -477,3 +477,38 @@ def test_a_sigterm_taken_by_the_elastic_agents_handler_still_reads_as_slurm_stop
     finally:
         watch.restore()
         signal.signal(signal.SIGTERM, before)
+
+
+@pytest.mark.parametrize("lead", [True, False], ids=["lead-task-requeues", "other-task-returns"])
+def test_a_sigterm_taken_while_submitit_requeues_waits_until_the_requeue_is_done(lead):
+    """A preemption sends SIGTERM, then USR2, whose submitit handler runs ``scontrol requeue`` and
+    exits (the lead task) or returns (the others). A SIGTERM taken inside that handler, where torch
+    elastic's agent handler raises (``_terminate_process_handler``,
+    torch/distributed/elastic/multiprocessing/api.py), once abandoned the requeue: the job slept
+    until its end and read as failed. It is now held until the handler is done."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException, _terminate_process_handler
+
+    done = []
+
+    def submitits_requeue_handler(signum, frame):  # submitit's checkpoint_and_try_requeue, its steps
+        os.kill(os.getpid(), signal.SIGTERM)  # Slurm's SIGTERM, taken while scontrol runs
+        time.sleep(0.05)
+        done.append("requeued" if lead else "returned")
+        if lead:
+            sys.exit(-1)
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR2)}
+    signal.signal(signal.SIGUSR2, submitits_requeue_handler)
+    watch = TermWatch(signal.SIGUSR2)
+    signal.signal(signal.SIGTERM, _terminate_process_handler)  # the elastic agent runs the ranks
+    try:
+        with pytest.raises(SystemExit if lead else SignalException):
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(1)
+        assert done == ["requeued" if lead else "returned"]
+        assert watch.stopped_by_slurm(RuntimeError("rank 0 failed: Signal 15 (SIGTERM)"))
+        assert signal.getsignal(signal.SIGTERM) is _terminate_process_handler
+    finally:
+        watch.restore()
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

@@ -45,14 +45,21 @@ class TermWatch:
     torch elastic's agent takes SIGTERM over while it runs its ranks, so a SIGTERM that comes then
     is seen through Python's signal wakeup fd, which the interpreter writes every caught signal's
     number to, whichever handler runs: the agent may report its ranks' deaths (Slurm signals them
-    too) before its own SignalException."""
+    too) before its own SignalException.
 
-    def __init__(self) -> None:
+    ``requeue_signal`` (submitit's USR2): its handler runs with SIGTERM held back until it is done.
+    A preemption's SIGTERM comes first but may be taken while submitit runs ``scontrol requeue``
+    in that handler, where the agent's SIGTERM handler would raise and abandon the requeue."""
+
+    def __init__(self, requeue_signal: signal.Signals = signal.SIGUSR2) -> None:
         self.received: list[float] = []
         self.previous = signal.getsignal(signal.SIGTERM)
+        self.requeue_signal = requeue_signal
+        self.previous_requeue = signal.getsignal(requeue_signal)
         self._wakeup_r, self._wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             signal.signal(signal.SIGTERM, self._on_term)
+            signal.signal(requeue_signal, self._on_requeue)
             self.previous_wakeup_fd = signal.set_wakeup_fd(self._wakeup_w, warn_on_full_buffer=False)
         except ValueError:  # not the main thread
             self.previous_wakeup_fd = None
@@ -61,6 +68,19 @@ class TermWatch:
         self.received.append(time.time())
         if callable(self.previous):
             self.previous(signum, frame)
+
+    def _on_requeue(self, signum, frame) -> None:
+        term_handler = signal.getsignal(signal.SIGTERM)
+        held: list[float] = []
+        signal.signal(signal.SIGTERM, lambda *_: held.append(time.time()))
+        try:
+            if callable(self.previous_requeue):
+                self.previous_requeue(signum, frame)  # submitit's: requeues, then exits
+        finally:
+            signal.signal(signal.SIGTERM, term_handler)
+            self.received += held
+        if held and callable(term_handler):  # the handler returned (not the lead task): SIGTERM now
+            term_handler(signal.SIGTERM, frame)
 
     def _caught_signals(self) -> bytes:
         caught = b""
@@ -75,6 +95,7 @@ class TermWatch:
 
     def restore(self) -> None:
         signal.signal(signal.SIGTERM, self.previous)
+        signal.signal(self.requeue_signal, self.previous_requeue)
         if self.previous_wakeup_fd is not None:
             signal.set_wakeup_fd(self.previous_wakeup_fd)
 
@@ -100,7 +121,7 @@ class SlurmTrainJob:
         env = submitit.JobEnvironment()
         lead = env.global_rank == 0
         os.environ[LAUNCH_TIME_ENV] = str(time.time())
-        term = TermWatch()
+        term = TermWatch(getattr(signal, f"SIG{env.USR_SIG}"))
         cfg = load_run_config(Path(self.run_dir) / CONFIG_FILE)
         os.environ.update(passed_env(cfg.launcher.env))  # secrets came with the job's environment
         run_dir = Path(self.run_dir)
