@@ -168,6 +168,8 @@ def _elastic_launch(job: WorkerJob, env: dict[str, str], rdzv_backend: str) -> N
 # that imported the worker's modules (torch, torchtitan) once, rather than each
 # importing them again (about 4 s of CPU a rank). Elsewhere each rank is a fresh interpreter, as
 # torchrun starts it: a device runtime must not be loaded before its rank's environment is set.
+# Not forked from the launcher itself: a child forked after torch ran an OpenMP-parallel op hangs
+# in its first parallel op (GNU OpenMP is not fork-safe), and the launcher may have run some.
 RANK_START_METHODS = {"cpu": "forkserver"}
 
 
