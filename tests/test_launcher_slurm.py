@@ -480,33 +480,40 @@ def test_a_sigterm_taken_by_the_elastic_agents_handler_still_reads_as_slurm_stop
 
 
 @pytest.mark.parametrize("lead", [True, False], ids=["lead-task-requeues", "other-task-returns"])
-def test_a_sigterm_taken_while_submitit_requeues_waits_until_the_requeue_is_done(lead):
-    """A preemption sends SIGTERM, then USR2, whose submitit handler runs ``scontrol requeue`` and
-    exits (the lead task) or returns (the others). A SIGTERM taken inside that handler, where torch
-    elastic's agent handler raises (``_terminate_process_handler``,
-    torch/distributed/elastic/multiprocessing/api.py), once abandoned the requeue: the job slept
-    until its end and read as failed. It is now held until the handler is done."""
+def test_a_sigterm_that_comes_while_submitit_requeues_does_not_stop_the_requeue(lead):
+    """A preemption sends SIGTERM and USR2, in either order. On the lead task submitit's USR2
+    handler runs ``scontrol requeue`` and exits; on the others it returns. Two faults were seen
+    here, each a requeued job that read as failed: the SIGTERM taken inside the handler, where
+    torch elastic's agent handler raises (``_terminate_process_handler``,
+    torch/distributed/elastic/multiprocessing/api.py) and the requeue was abandoned; and Slurm's
+    SIGTERM to every process of the step killing the ``scontrol`` process itself."""
     from torch.distributed.elastic.multiprocessing.api import SignalException, _terminate_process_handler
 
     done = []
 
     def submitits_requeue_handler(signum, frame):  # submitit's checkpoint_and_try_requeue, its steps
-        os.kill(os.getpid(), signal.SIGTERM)  # Slurm's SIGTERM, taken while scontrol runs
-        time.sleep(0.05)
-        done.append("requeued" if lead else "returned")
-        if lead:
-            sys.exit(-1)
+        if not lead:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            done.append("returned")
+            return
+        scontrol = subprocess.Popen(["sleep", "0.3"])  # stands in for `scontrol requeue`
+        for pid in (os.getpid(), scontrol.pid):  # Slurm signals every process of the step
+            os.kill(pid, signal.SIGTERM)
+        done.append(scontrol.wait())
+        sys.exit(-1)
 
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR2)}
     signal.signal(signal.SIGUSR2, submitits_requeue_handler)
-    watch = TermWatch(signal.SIGUSR2)
+    watch = TermWatch(signal.SIGUSR2, runs_requeue=lead)
     signal.signal(signal.SIGTERM, _terminate_process_handler)  # the elastic agent runs the ranks
     try:
         with pytest.raises(SystemExit if lead else SignalException):
             os.kill(os.getpid(), signal.SIGUSR2)
             time.sleep(1)
-        assert done == ["requeued" if lead else "returned"]
-        assert watch.stopped_by_slurm(RuntimeError("rank 0 failed: Signal 15 (SIGTERM)"))
+        assert done == ([0] if lead else ["returned"]), "the requeue was stopped"
+        if not lead:
+            assert watch.stopped_by_slurm(RuntimeError("rank 0 failed: Signal 15 (SIGTERM)"))
         assert signal.getsignal(signal.SIGTERM) is _terminate_process_handler
     finally:
         watch.restore()

@@ -47,14 +47,18 @@ class TermWatch:
     number to, whichever handler runs: the agent may report its ranks' deaths (Slurm signals them
     too) before its own SignalException.
 
-    ``requeue_signal`` (submitit's USR2): its handler runs with SIGTERM held back until it is done.
-    A preemption's SIGTERM comes first but may be taken while submitit runs ``scontrol requeue``
-    in that handler, where the agent's SIGTERM handler would raise and abandon the requeue."""
+    ``requeue_signal`` (submitit's USR2) comes with a preemption's SIGTERM, in either order, and
+    its handler runs ``scontrol requeue`` on the lead task (``runs_requeue``). A SIGTERM taken
+    there would abandon the requeue: the agent's handler raises, and Slurm signals every process
+    of the job step, that ``scontrol`` too. So the lead task ignores SIGTERM while the handler
+    runs (an ignored signal stays ignored in the ``scontrol`` it starts), and it exits after;
+    another task's handler only returns, and its SIGTERM is handled once it has."""
 
-    def __init__(self, requeue_signal: signal.Signals = signal.SIGUSR2) -> None:
+    def __init__(self, requeue_signal: signal.Signals = signal.SIGUSR2, runs_requeue: bool = True) -> None:
         self.received: list[float] = []
         self.previous = signal.getsignal(signal.SIGTERM)
         self.requeue_signal = requeue_signal
+        self.runs_requeue = runs_requeue
         self.previous_requeue = signal.getsignal(requeue_signal)
         self._wakeup_r, self._wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         try:
@@ -72,14 +76,14 @@ class TermWatch:
     def _on_requeue(self, signum, frame) -> None:
         term_handler = signal.getsignal(signal.SIGTERM)
         held: list[float] = []
-        signal.signal(signal.SIGTERM, lambda *_: held.append(time.time()))
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if self.runs_requeue else lambda *_: held.append(time.time()))
         try:
             if callable(self.previous_requeue):
-                self.previous_requeue(signum, frame)  # submitit's: requeues, then exits
+                self.previous_requeue(signum, frame)  # submitit's: requeues and exits, or returns
         finally:
             signal.signal(signal.SIGTERM, term_handler)
             self.received += held
-        if held and callable(term_handler):  # the handler returned (not the lead task): SIGTERM now
+        if held and callable(term_handler):
             term_handler(signal.SIGTERM, frame)
 
     def _caught_signals(self) -> bytes:
@@ -121,7 +125,7 @@ class SlurmTrainJob:
         env = submitit.JobEnvironment()
         lead = env.global_rank == 0
         os.environ[LAUNCH_TIME_ENV] = str(time.time())
-        term = TermWatch(getattr(signal, f"SIG{env.USR_SIG}"))
+        term = TermWatch(getattr(signal, f"SIG{env.USR_SIG}"), runs_requeue=lead)  # submitit requeues from global rank 0
         cfg = load_run_config(Path(self.run_dir) / CONFIG_FILE)
         os.environ.update(passed_env(cfg.launcher.env))  # secrets came with the job's environment
         run_dir = Path(self.run_dir)
