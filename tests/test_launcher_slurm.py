@@ -519,3 +519,37 @@ def test_a_sigterm_that_comes_while_submitit_requeues_does_not_stop_the_requeue(
         watch.restore()
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+def test_while_the_job_waits_for_its_requeue_a_sigterm_neither_raises_nor_stops_the_requeue():
+    """The ranks died of Slurm's SIGTERM and the job waits for submitit's requeue. torch elastic's
+    agent has left its raising handler in place; a second SIGTERM (the requeue's own) must not end
+    the wait, and the requeue that comes then is guarded as before."""
+    from torch.distributed.elastic.multiprocessing.api import _terminate_process_handler
+
+    exits = []
+
+    def submitits_requeue_handler(signum, frame):
+        scontrol = subprocess.Popen(["sleep", "0.3"])
+        for pid in (os.getpid(), scontrol.pid):
+            os.kill(pid, signal.SIGTERM)
+        exits.append(scontrol.wait())
+        sys.exit(-1)
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR2)}
+    signal.signal(signal.SIGUSR2, submitits_requeue_handler)
+    watch = TermWatch(signal.SIGUSR2, runs_requeue=True)
+    signal.signal(signal.SIGTERM, _terminate_process_handler)  # what the agent leaves behind
+    try:
+        watch.watch_again()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        assert watch.received
+        with pytest.raises(SystemExit):
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(1)
+        assert exits == [0]
+    finally:
+        watch.restore()
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

@@ -97,6 +97,11 @@ class TermWatch:
                 return caught
             caught += chunk
 
+    def watch_again(self) -> None:
+        """SIGTERM to this watch again: torch elastic's agent leaves its raising handler in place
+        when it ends. The requeue signal stays guarded."""
+        signal.signal(signal.SIGTERM, self._on_term)
+
     def restore(self) -> None:
         signal.signal(signal.SIGTERM, self.previous)
         signal.signal(self.requeue_signal, self.previous_requeue)
@@ -149,8 +154,9 @@ class SlurmTrainJob:
             if term.stopped_by_slurm(exc):
                 # Slurm is stopping this job (scancel, or a preemption whose USR2 comes next) and
                 # the ranks died of its SIGTERM: wait for submitit's requeue (USR2, which exits
-                # from here) or Slurm's SIGKILL, rather than reporting a failure.
-                term.restore()
+                # from here, still under ``term``'s guard) or Slurm's SIGKILL, rather than
+                # reporting a failure.
+                term.watch_again()
                 time.sleep(90)
             reason = describe_error(exc)
             if cfg.launcher.nnodes > 1:
