@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
 
@@ -479,8 +480,51 @@ def test_a_sigterm_taken_by_the_elastic_agents_handler_still_reads_as_slurm_stop
         signal.signal(signal.SIGTERM, before)
 
 
+@pytest.fixture
+def job_watch() -> Iterator[Callable[..., TermWatch]]:
+    """``job_watch(runs_requeue)``: a Slurm job's ``TermWatch`` over the USR2 handler the test set;
+    this process's SIGTERM and USR2 handlers are put back after the test."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR2)}
+    watches = []
+
+    def watch(runs_requeue: bool) -> TermWatch:
+        watches.append(TermWatch(signal.SIGUSR2, runs_requeue=runs_requeue))
+        return watches[-1]
+
+    yield watch
+    for made in watches:
+        made.restore()
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def _lead_tasks_requeue(exits: list[int]) -> Callable[..., None]:
+    """submitit's USR2 handler on the lead task, its steps: ``scontrol requeue`` (a child stands in
+    for it), which Slurm's SIGTERM to every process of the step reaches too, then exit."""
+
+    def handler(signum, frame) -> None:
+        scontrol = subprocess.Popen(["sleep", "0.3"])
+        for pid in (os.getpid(), scontrol.pid):
+            os.kill(pid, signal.SIGTERM)
+        exits.append(scontrol.wait())
+        sys.exit(-1)
+
+    return handler
+
+
+def _other_tasks_return(done: list[str]) -> Callable[..., None]:
+    """submitit's USR2 handler on another task: it returns, with Slurm's SIGTERM taken meanwhile."""
+
+    def handler(signum, frame) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        done.append("returned")
+
+    return handler
+
+
 @pytest.mark.parametrize("lead", [True, False], ids=["lead-task-requeues", "other-task-returns"])
-def test_a_sigterm_that_comes_while_submitit_requeues_does_not_stop_the_requeue(lead):
+def test_a_sigterm_that_comes_while_submitit_requeues_does_not_stop_the_requeue(job_watch, lead):
     """A preemption sends SIGTERM and USR2, in either order. On the lead task submitit's USR2
     handler runs ``scontrol requeue`` and exits; on the others it returns. Two faults were seen
     here, each a requeued job that read as failed: the SIGTERM taken inside the handler, where
@@ -489,67 +533,34 @@ def test_a_sigterm_that_comes_while_submitit_requeues_does_not_stop_the_requeue(
     SIGTERM to every process of the step killing the ``scontrol`` process itself."""
     from torch.distributed.elastic.multiprocessing.api import SignalException, _terminate_process_handler
 
-    done = []
-
-    def submitits_requeue_handler(signum, frame):  # submitit's checkpoint_and_try_requeue, its steps
-        if not lead:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.05)
-            done.append("returned")
-            return
-        scontrol = subprocess.Popen(["sleep", "0.3"])  # stands in for `scontrol requeue`
-        for pid in (os.getpid(), scontrol.pid):  # Slurm signals every process of the step
-            os.kill(pid, signal.SIGTERM)
-        done.append(scontrol.wait())
-        sys.exit(-1)
-
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR2)}
-    signal.signal(signal.SIGUSR2, submitits_requeue_handler)
-    watch = TermWatch(signal.SIGUSR2, runs_requeue=lead)
+    done: list = []
+    signal.signal(signal.SIGUSR2, _lead_tasks_requeue(done) if lead else _other_tasks_return(done))
+    watch = job_watch(runs_requeue=lead)
     signal.signal(signal.SIGTERM, _terminate_process_handler)  # the elastic agent runs the ranks
-    try:
-        with pytest.raises(SystemExit if lead else SignalException):
-            os.kill(os.getpid(), signal.SIGUSR2)
-            time.sleep(1)
-        assert done == ([0] if lead else ["returned"]), "the requeue was stopped"
-        if not lead:
-            assert watch.stopped_by_slurm(RuntimeError("rank 0 failed: Signal 15 (SIGTERM)"))
-        assert signal.getsignal(signal.SIGTERM) is _terminate_process_handler
-    finally:
-        watch.restore()
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
+    with pytest.raises(SystemExit if lead else SignalException):
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(1)
+    assert done == ([0] if lead else ["returned"]), "the requeue was stopped"
+    if not lead:
+        assert watch.stopped_by_slurm(RuntimeError("rank 0 failed: Signal 15 (SIGTERM)"))
+    assert signal.getsignal(signal.SIGTERM) is _terminate_process_handler
 
 
-def test_while_the_job_waits_for_its_requeue_a_sigterm_neither_raises_nor_stops_the_requeue():
+def test_while_the_job_waits_for_its_requeue_a_sigterm_neither_raises_nor_stops_the_requeue(job_watch):
     """The ranks died of Slurm's SIGTERM and the job waits for submitit's requeue. torch elastic's
     agent has left its raising handler in place; a second SIGTERM (the requeue's own) must not end
     the wait, and the requeue that comes then is guarded as before."""
     from torch.distributed.elastic.multiprocessing.api import _terminate_process_handler
 
-    exits = []
-
-    def submitits_requeue_handler(signum, frame):
-        scontrol = subprocess.Popen(["sleep", "0.3"])
-        for pid in (os.getpid(), scontrol.pid):
-            os.kill(pid, signal.SIGTERM)
-        exits.append(scontrol.wait())
-        sys.exit(-1)
-
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR2)}
-    signal.signal(signal.SIGUSR2, submitits_requeue_handler)
-    watch = TermWatch(signal.SIGUSR2, runs_requeue=True)
+    exits: list[int] = []
+    signal.signal(signal.SIGUSR2, _lead_tasks_requeue(exits))
+    watch = job_watch(runs_requeue=True)
     signal.signal(signal.SIGTERM, _terminate_process_handler)  # what the agent leaves behind
-    try:
-        watch.watch_again()
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.1)
-        assert watch.received
-        with pytest.raises(SystemExit):
-            os.kill(os.getpid(), signal.SIGUSR2)
-            time.sleep(1)
-        assert exits == [0]
-    finally:
-        watch.restore()
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
+    watch.watch_again()
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.1)
+    assert watch.received
+    with pytest.raises(SystemExit):
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(1)
+    assert exits == [0]
