@@ -14,7 +14,7 @@ a fresh virtual environment stands in for that venv:
 
 The project is then installed for real, as the docs say: a ``--dry-run`` report lists
 distributions, not the modules they provide, so only an installed venv shows that each import
-the package makes is there. About a minute, most of it pip downloading and unpacking.
+the package makes is there. About a minute, most of it pip resolving and unpacking.
 """
 
 from __future__ import annotations
@@ -193,9 +193,11 @@ def neuron_venv(tmp_path_factory: pytest.TempPathFactory):
     python = str(venv / "bin" / "python")
     link_neuron_torch(work / "neuron-site", next((venv / "lib").glob("python*/site-packages")))
     fork = make_fork(work / "torchtitan-neuron")
-    run([python, "-m", "pip", "install", "--quiet", "-e", str(fork)])
+    # --no-compile: pip would byte-compile every module it installs (transformers alone has
+    # thousands); what is installed is the same, and the modules the tests import compile as they load.
+    run([python, "-m", "pip", "install", "--quiet", "--no-compile", "-e", str(fork)])
     report = work / "report.json"
-    run([python, "-m", "pip", "install", "--quiet", "--report", str(report), "-e", "."], cwd=REPO)  # as the docs say
+    run([python, "-m", "pip", "install", "--quiet", "--no-compile", "--report", str(report), "-e", "."], cwd=REPO)  # as the docs say
     yield python, fork, json.loads(report.read_text())
     shutil.rmtree(work, ignore_errors=True)  # about 900 MB of packages
 

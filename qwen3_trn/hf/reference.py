@@ -5,10 +5,12 @@ interpreter loads only torch and transformers.
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +37,22 @@ def loading_info(info: dict[str, Any]) -> dict[str, list[str]]:
     return {k: [str(x[0] if isinstance(x, tuple) else x) for x in v] for k, v in info.items() if isinstance(v, (list, set))}
 
 
+@functools.cache
+def _clean_interpreter() -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+
+
 def in_clean_process(fn, *args):
     """``fn(*args)`` in a spawned interpreter: building torchtitan's ``HFTransformerModel``
     patches transformers' weight init for the rest of the process (``from_pretrained`` then
-    leaves rotary ``inv_freq`` uninitialised), and reference models need unpatched transformers."""
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(fn, *args).result()
+    leaves rotary ``inv_freq`` uninitialised), and reference models need unpatched transformers.
+    One interpreter serves every call of this process (it imports torch and transformers once);
+    nothing of torchtitan ever loads in it, so a call finds it as clean as the first did."""
+    try:
+        return _clean_interpreter().submit(fn, *args).result()
+    except BrokenProcessPool:
+        _clean_interpreter.cache_clear()  # it died (killed, out of memory): the next call starts another
+        raise
 
 
 def export_side(folder: str, tokens: torch.Tensor, prompt: str, new_tokens: int) -> dict[str, Any]:
