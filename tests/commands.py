@@ -1,5 +1,5 @@
 """``python -m qwen3_trn ARGS`` as the tests run it: in this process through its real entry point
-(``command_in_process``), or as a real process (``command_in_subprocess``; ``start_command``
+(``command_in_process``; another entry point's ``main``: ``entry_point_in_process``), or as a real process (``command_in_subprocess``; ``start_command``
 starts one to signal or kill). Both offline, with the checkout's package, and return the exit
 status with what went to stdout and stderr."""
 
@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from hydra.core.hydra_config import HydraConfig
 
@@ -64,28 +64,34 @@ def _process_state_kept() -> Iterator[None]:
         os.environ.update(env)
 
 
+def entry_point_in_process(main: Callable[[], int | None], argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    """An entry point's ``main`` in this process, as ``python -m`` runs it with ``argv``: offline,
+    ``env`` added, the system allocator chosen (importing an entry point otherwise restarts the
+    process under tcmalloc), its exit status and what went to stdout and stderr returned, and the
+    process's state put back after (``_process_state_kept``). A ``main`` that returns its status
+    (``qwen3_trn.status``) exits with it."""
+    out, err = io.StringIO(), io.StringIO()
+    with _process_state_kept(), contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        os.environ.update({HOST_ALLOCATOR_ENV: "system", **OFFLINE, **(env or {})})
+        for name in ("HYDRA_FULL_ERROR", TRACEBACK_ENV):
+            os.environ.pop(name, None)
+        sys.argv[:] = argv
+        try:
+            code = main() or 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    return subprocess.CompletedProcess(argv[1:], code, out.getvalue(), err.getvalue())
+
+
 def command_in_process(
     args: list[str], run_dir: Path | None = None, env: dict | None = None, config_dir: Path | None = None
 ) -> subprocess.CompletedProcess:
     """``python -m qwen3_trn ARGS`` through its real entry point (``qwen3_trn.__main__.main``:
     Hydra's argument handling, ``-m`` sweeps with their jobs one after another) in this process:
     one-rank runs train here, more ranks start as the elastic launcher's processes. ``run_dir``
-    pins the run directory, ``config_dir`` is the ``--config-dir``, ``env`` is added to the
-    environment; the system allocator is chosen (importing the entry point otherwise restarts the
-    process under tcmalloc)."""
-    out, err = io.StringIO(), io.StringIO()
-    with _process_state_kept(), contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-        os.environ.update({HOST_ALLOCATOR_ENV: "system", **OFFLINE, **(env or {})})
-        for name in ("HYDRA_FULL_ERROR", TRACEBACK_ENV):
-            os.environ.pop(name, None)
-        entry = importlib.import_module("qwen3_trn.__main__")
-        sys.argv[:] = ["qwen3_trn", *_command_line(args, run_dir, config_dir)]
-        try:
-            entry.main()
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+    pins the run directory, ``config_dir`` is the ``--config-dir``."""
+    argv = ["qwen3_trn", *_command_line(args, run_dir, config_dir)]
+    return entry_point_in_process(lambda: importlib.import_module("qwen3_trn.__main__").main(), argv, env)
 
 
 def start_command(

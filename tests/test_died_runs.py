@@ -6,9 +6,7 @@ killed sweep, shared by the module's tests."""
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import io
 import json
 import os
 import signal
@@ -22,7 +20,7 @@ from qwen3_trn import status
 from qwen3_trn.launch.slurm.state import status_of
 from qwen3_trn.results.processes import is_gone, this_process, where
 from qwen3_trn.results.records import read_manifest, read_metrics, read_summary
-from tests.commands import command_in_subprocess, start_command
+from tests.commands import command_in_process, entry_point_in_process, start_command
 from tests.test_reliability import session_processes, steps_logged, wait_for
 
 STEPS = 40
@@ -42,10 +40,7 @@ ARGS = [
 def _status(*args: str) -> subprocess.CompletedProcess:
     """``python -m qwen3_trn.status ARGS`` through its ``main`` in this process (as a real
     process: tests/test_launcher_slurm.py)."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = status.main(list(args))
-    return subprocess.CompletedProcess(args, code, out.getvalue(), "")
+    return entry_point_in_process(lambda: status.main(list(args)), ["qwen3_trn.status", *args])
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +83,7 @@ def test_a_killed_sweep_job_reads_as_died_in_status_report_and_resume(killed_swe
     with open(killed_sweep / "report.csv") as f:
         assert [row["status"] for row in csv.DictReader(f)] == ["died"]
 
-    rerun = command_in_subprocess([*ARGS, f"hydra.sweep.dir={killed_sweep}"], timeout=900)
+    rerun = command_in_process([*ARGS, f"hydra.sweep.dir={killed_sweep}"])
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "#0 died earlier: runs again" in rerun.stdout, rerun.stdout[-3000:]
     manifest = read_manifest(killed_sweep)

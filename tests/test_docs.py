@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import importlib.util
-import io
 import json
 import re
 import shlex
@@ -43,7 +42,7 @@ from pathlib import Path
 import pytest
 
 from qwen3_trn.data.embedded import corpus_path
-from tests.commands import command_in_process
+from tests.commands import command_in_process, entry_point_in_process
 from tests.conftest import REPO, SharedRun, compose_config
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "launchers" / "slurm" / "README.md"]
@@ -200,13 +199,9 @@ def _run_module(module: str, args: list[str], cwd: Path) -> Result:
     """``python -m MODULE ARGS`` through the module's ``main(argv)`` (a package's in its
     ``__main__``), which keeps its functions picklable for the processes it starts."""
     name = f"{module}.__main__" if importlib.util.find_spec(module).submodule_search_locations else module
-    out, code = io.StringIO(), 0
-    try:
-        with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            code = importlib.import_module(name).main(args) or 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    return Result(code, out.getvalue())
+    with contextlib.chdir(cwd):
+        done = entry_point_in_process(lambda: importlib.import_module(name).main(args), [module, *args])
+    return Result(done.returncode, done.stdout + done.stderr)
 
 
 def assert_installed_from_checkout(spec: str) -> None:

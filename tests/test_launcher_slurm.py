@@ -26,7 +26,8 @@ import pytest
 from qwen3_trn.common.errors import ConfigError
 from qwen3_trn.launch.slurm.job import TermWatch
 from qwen3_trn.results.records import read_job_record, read_json, read_manifest, read_metrics, read_summary
-from tests.commands import command_in_process, command_in_subprocess
+from qwen3_trn.status import main as status_main
+from tests.commands import command_in_process, command_in_subprocess, entry_point_in_process
 from tests.conftest import REPO, command_in_process, compose_config
 from tests.secret_values import SECRETS_IN_ENV, SECRETS_IN_LAUNCHER_ENV, files_with_secrets, process_cmdline, process_env, secret_args
 from tests.slurm_cluster import SlurmCluster, slurm_cluster, slurm_env, wait_for_state  # noqa: F401
@@ -298,8 +299,6 @@ def test_two_job_multirun_on_slurm(slurm_cluster: SlurmCluster, tmp_path: Path):
 
 @needs_submitit
 def test_failing_job_is_reported_failed(slurm_env: SlurmCluster, tmp_path: Path, capsys: pytest.CaptureFixture):
-    from qwen3_trn.status import main as status_main
-
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"line {i} " * 40}) + "\n" for i in range(20)))
     run_dir = tmp_path / "run"
@@ -356,7 +355,10 @@ def test_scancel_shows_cancelled_in_the_sweep_manifest(slurm_cluster: SlurmClust
 
     slurm_cluster.run("scancel", second)
     wait_for_state(second, "CANCELLED", timeout=30)
-    status = _status_cli(str(sweep), "--json", env=slurm_cluster.env)
+    # then through its main in this process: the same command, as a process above
+    status = entry_point_in_process(
+        lambda: status_main([str(sweep), "--json"]), ["qwen3_trn.status", str(sweep), "--json"], slurm_cluster.env
+    )
     assert [row["status"] for row in json.loads(status.stdout)] == ["cancelled", "cancelled"]
     assert read_manifest(sweep)["complete"] is True
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from qwen3_trn.compare import PARITY_JSON, PARITY_MD, Pair, compare_losses, main
 from qwen3_trn.results.records import read_summary
-from tests.commands import cli_env
+from tests.commands import cli_env, entry_point_in_process
 from tests.conftest import REPO, offline_wandb_files, read_offline_wandb_run
 
 SMOKE = ["debug=smoke", "validation=off"]
@@ -24,6 +24,12 @@ def parity_command(args: list[str], out: Path) -> subprocess.CompletedProcess:
     """The command as a user runs it, in its own process."""
     cmd = [sys.executable, "-m", "qwen3_trn.compare", *args, "--out", str(out)]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=cli_env())
+
+
+def parity_in_process(args: list[str], out: Path) -> subprocess.CompletedProcess:
+    """The command through its ``main`` in this process (its modes' runs are processes of their
+    own either way): the dense fixture runs it as a process once."""
+    return entry_point_in_process(main, ["qwen3_trn.compare", *args, "--out", str(out)])
 
 
 def read_parity(out: Path) -> dict:
@@ -40,7 +46,7 @@ def dense(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Complete
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path_factory.mktemp("parity") / "moe"
-    return parity_command(["model=tiny_moe", *SMOKE], out), out
+    return parity_in_process(["model=tiny_moe", *SMOKE], out), out
 
 
 def test_dense_modes_agree_and_the_result_is_recorded(dense):
@@ -106,7 +112,7 @@ def test_a_mode_with_one_layer_perturbed_is_named_with_the_step_it_parts_at(dens
     # fp32 compute: the tightest tolerance, as a user looking for a wrong mode would run it
     fp32 = "training.mixed_precision_param=float32"
     args = ["model=tiny", *SMOKE, fp32, f"checkpoint.initial_load_path={weights}", f"--with=hf_v5:checkpoint.initial_load_path={perturbed}"]
-    done = parity_command(args, tmp_path / "out")
+    done = parity_in_process(args, tmp_path / "out")
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     parity = read_parity(tmp_path / "out")
     (pair,) = parity["pairs"]
@@ -121,7 +127,7 @@ def test_two_ranks_under_fsdp_agree(dense, tmp_path):
     _, dense_out = dense
     weights = dense_out / "init" / "hf" / "step-1"
     fsdp = ["launcher.nproc_per_node=2", "parallelism.dp_shard=2"]
-    done = parity_command(["model=tiny", *SMOKE, *fsdp, f"checkpoint.initial_load_path={weights}"], tmp_path / "out")
+    done = parity_in_process(["model=tiny", *SMOKE, *fsdp, f"checkpoint.initial_load_path={weights}"], tmp_path / "out")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     parity = read_parity(tmp_path / "out")
     for mode in ("native", "hf_v5"):

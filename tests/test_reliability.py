@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from qwen3_trn.checkpointing import CheckpointSaveError, GuardedCheckpointManager
 from qwen3_trn.results.records import read_metrics, read_summary
 from qwen3_trn.titan import CheckpointManager
-from tests.commands import command_in_process, command_in_subprocess, rank_processes, start_command
+from tests.commands import command_in_process, rank_processes, start_command
 from tests.secret_values import SECRETS_IN_ENV, SECRETS_IN_LAUNCHER_ENV, files_with_secrets, process_env, secret_args
 
 pytestmark = pytest.mark.slow
@@ -156,7 +156,7 @@ def test_disk_full_during_a_save_says_so_and_keeps_the_previous_checkpoint(tmp_p
     run_dir, resumed = tmp_path / "run", tmp_path / "resumed"
     folder = small_disk / "ckpt"
     common = ["debug=smoke", "checkpoint=on", "checkpoint.interval=2", "checkpoint.keep_latest_k=0", f"checkpoint.folder={folder}"]
-    result = command_in_subprocess([*common, "training.steps=6"], run_dir)
+    result = command_in_process([*common, "training.steps=6"], run_dir)
     assert result.returncode == 1, result.stderr[-3000:]
     message = f"checkpoint save at step 4 failed: no space left on device writing to {folder}"
     assert message in result.stderr and f"the previous checkpoint {folder / 'step-2'} is complete and loadable" in result.stderr

@@ -26,7 +26,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from qwen3_trn.results.records import read_metrics, read_summary
-from tests.commands import command_in_subprocess
+from tests.commands import command_in_process
 from tests.slurm_cluster import SlurmCluster, two_host_cluster  # noqa: F401
 
 try:
@@ -79,9 +79,7 @@ def study_database(two_host_cluster: SlurmCluster):
 
 
 def _search(cluster: SlurmCluster, sweep_dir: Path, n_trials: int, *extra: str) -> subprocess.CompletedProcess:
-    result = command_in_subprocess(
-        [*SEARCH, f"hydra.sweeper.n_trials={n_trials}", *extra, f"hydra.sweep.dir={sweep_dir}"], timeout=600, env=cluster.env
-    )
+    result = command_in_process([*SEARCH, f"hydra.sweeper.n_trials={n_trials}", *extra, f"hydra.sweep.dir={sweep_dir}"], env=cluster.env)
     assert result.returncode == 0, _explain(result)
     return result
 
