@@ -151,6 +151,14 @@ def _process_left_as_found() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def _random_draws_as_if_first() -> None:
+    """Each test draws from torch's global generator as if it were the first test of its process:
+    what it draws does not depend on which tests its worker ran before, so a failure reproduces
+    when the test runs alone."""
+    torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
 def _device_probes_afresh() -> None:
     """Each test probes the devices afresh: ``probe_device`` is memoized per process, so what one
     test's stand-ins made it find (torch-neuronx's modules, a ``DEVICES`` entry) would otherwise
