@@ -65,7 +65,8 @@ def _process_state_kept() -> Iterator[None]:
 
 
 def entry_point_in_process(main: Callable[[], int | None], argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
-    """An entry point's ``main`` in this process, as ``python -m`` runs it with ``argv``: offline,
+    """An entry point's ``main`` in this process, as ``python -m`` runs it with ``argv`` (``main``
+    reads ``sys.argv``, as each entry point's argument parser does by default): offline,
     ``env`` added, the system allocator chosen (importing an entry point otherwise restarts the
     process under tcmalloc), its exit status and what went to stdout and stderr returned, and the
     process's state put back after (``_process_state_kept``). A ``main`` that returns its status

@@ -40,7 +40,7 @@ ARGS = [
 def _status(*args: str) -> subprocess.CompletedProcess:
     """``python -m qwen3_trn.status ARGS`` through its ``main`` in this process (as a real
     process: tests/test_launcher_slurm.py)."""
-    return entry_point_in_process(lambda: status.main(list(args)), ["qwen3_trn.status", *args])
+    return entry_point_in_process(status.main, ["qwen3_trn.status", *args])
 
 
 @pytest.fixture(scope="module")

@@ -200,7 +200,7 @@ def _run_module(module: str, args: list[str], cwd: Path) -> Result:
     ``__main__``), which keeps its functions picklable for the processes it starts."""
     name = f"{module}.__main__" if importlib.util.find_spec(module).submodule_search_locations else module
     with contextlib.chdir(cwd):
-        done = entry_point_in_process(lambda: importlib.import_module(name).main(args), [module, *args])
+        done = entry_point_in_process(lambda: importlib.import_module(name).main(), [module, *args])
     return Result(done.returncode, done.stdout + done.stderr)
 
 

@@ -28,7 +28,7 @@ from qwen3_trn.launch.slurm.job import TermWatch
 from qwen3_trn.results.records import read_job_record, read_json, read_manifest, read_metrics, read_summary
 from qwen3_trn.status import main as status_main
 from tests.commands import command_in_process, command_in_subprocess, entry_point_in_process
-from tests.conftest import REPO, command_in_process, compose_config
+from tests.conftest import REPO, compose_config
 from tests.secret_values import SECRETS_IN_ENV, SECRETS_IN_LAUNCHER_ENV, files_with_secrets, process_cmdline, process_env, secret_args
 from tests.slurm_cluster import SlurmCluster, slurm_cluster, slurm_env, wait_for_state  # noqa: F401
 
@@ -356,9 +356,7 @@ def test_scancel_shows_cancelled_in_the_sweep_manifest(slurm_cluster: SlurmClust
     slurm_cluster.run("scancel", second)
     wait_for_state(second, "CANCELLED", timeout=30)
     # then through its main in this process: the same command, as a process above
-    status = entry_point_in_process(
-        lambda: status_main([str(sweep), "--json"]), ["qwen3_trn.status", str(sweep), "--json"], slurm_cluster.env
-    )
+    status = entry_point_in_process(status_main, ["qwen3_trn.status", str(sweep), "--json"], slurm_cluster.env)
     assert [row["status"] for row in json.loads(status.stdout)] == ["cancelled", "cancelled"]
     assert read_manifest(sweep)["complete"] is True
 
